@@ -1,0 +1,1 @@
+//! The default models and where the local cache keeps them.
