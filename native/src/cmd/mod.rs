@@ -1,0 +1,4 @@
+//! One module per subcommand.
+
+pub mod inspect;
+pub mod model_arg;
