@@ -159,6 +159,8 @@ int main(int argc, char ** argv) {
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; ++i) {
         const struct qtype * t = &TYPES[i];
         int n = t->block == 1 ? float_inputs(x) : edge_inputs(x, t->block);
+        // zeroed first: quantize_row_q8_K_ref leaves the bsums of an all-zero block untouched
+        memset(q, 0, sizeof q);
         t->quant(x, q, n);
         if (t->dequant) t->dequant(q, y, n);
         write_vector(dir, "quant", t, n, x, q, t->dequant ? y : NULL);

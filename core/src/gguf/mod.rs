@@ -48,3 +48,6 @@ impl Magic {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

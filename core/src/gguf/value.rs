@@ -319,10 +319,12 @@ pub(crate) fn check_count(count: u64, min_bytes: u64, available: u64, offset: u6
         Error::invalid_gguf(offset, format!("{what}: count {count} is impossibly large"))
     })?;
     if needed > available {
-        return Err(Error::invalid_gguf(
+        return Err(Error::Truncated {
+            what: format!("{what} ({count} entries)"),
             offset,
-            format!("{what}: count {count} needs at least {needed} bytes but only {available} remain"),
-        ));
+            needed,
+            available,
+        });
     }
     usize::try_from(count).map_err(|_| Error::invalid_gguf(offset, format!("{what}: count {count} too large")))
 }

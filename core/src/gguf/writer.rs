@@ -56,6 +56,11 @@ impl<'a> GgufWriter<'a> {
         w
     }
 
+    /// Changes the magic (`GGUF` for llama.cpp, `PWRI` for PowerInfer).
+    pub fn set_magic(&mut self, magic: Magic) {
+        self.magic = magic;
+    }
+
     /// Sets `key` to `value`, replacing an earlier value in place or appending a new key.
     pub fn set(&mut self, key: impl Into<String>, value: MetaValue) {
         let key = key.into();

@@ -96,7 +96,9 @@ impl GgmlType {
         }
         (n / block)
             .checked_mul(self.block_bytes() as u64)
-            .ok_or_else(|| Error::InvalidArgument(format!("size of {n} {} elements overflows", self.name())))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("size of {n} {} elements overflows", self.name()))
+            })
     }
 }
 

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: fetches the default models if missing, then formatting, lints and every
+# test of the workspace. Run from anywhere inside the repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/fetch-models.sh >/dev/null
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
