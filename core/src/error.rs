@@ -78,6 +78,10 @@ pub enum Error {
     /// A caller passed a value that cannot work (a buffer of the wrong length, a bad argument).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A tokenizer or chat template cannot do what was asked (no byte-fallback token for a byte,
+    /// a template that fails to render, …).
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
     /// A default model is not in the local cache.
     #[error("model {name} not found at {path}; run scripts/fetch-models.sh first")]
     ModelNotFound {

@@ -4,11 +4,21 @@
 //! - [`gguf`]: read and write GGUF v2/v3 files (and PowerInfer's `PWRI` variant), validating every
 //!   count, offset and size before use.
 //! - [`quant`]: ggml block formats: layouts, dequantisation, quantisation.
+//! - [`cpu`]: CPU kernels: quantised matrix products, norms, RoPE, softmax, activations.
+//! - [`model`]: hyper-parameters per architecture and weights by role.
+//! - [`engine`]: the forward pass, the KV cache, sessions.
+//! - [`sample`]: greedy and stochastic token sampling.
+//! - [`tokenizer`]: tokenizers rebuilt from GGUF vocabularies; chat templates.
 //! - [`models`]: locate the default models in the local cache.
 
+pub mod cpu;
+pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod model;
 pub mod models;
 pub mod quant;
+pub mod sample;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -1,6 +1,9 @@
 //! Dequantisation of one block to f32, bit-exact with ggml's `dequantize_row_*` (same order of
 //! float operations), and the row driver behind [`super::dequantize`].
 
+// Index loops mirror ggml's reference code line for line, which keeps the bit-exactness reviewable.
+#![allow(clippy::needless_range_loop)]
+
 use half::{bf16, f16};
 
 use super::blocks::*;

@@ -5,6 +5,9 @@
 //! reassociation), which is what makes the quantisers bit-exact with ggml's C built without FMA
 //! contraction.
 
+// Index loops mirror ggml's reference code line for line, which keeps the bit-exactness reviewable.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::K_SCALE_SIZE;
 
 /// ggml's `nearest_int`: round to nearest, ties to even, via the `1.5 * 2^23` trick; meaningful for

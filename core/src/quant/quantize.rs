@@ -1,6 +1,9 @@
 //! ggml's reference quantisers (`quantize_row_*_ref`), one block at a time and bit-exact (same order
 //! of float operations, same integer truncations), and the row driver behind [`super::quantize`].
 
+// Index loops mirror ggml's reference code line for line, which keeps the bit-exactness reviewable.
+#![allow(clippy::needless_range_loop)]
+
 use bytemuck::Zeroable;
 use half::{bf16, f16};
 

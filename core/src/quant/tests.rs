@@ -88,7 +88,11 @@ fn q8_k_bsums_and_q8_1_sum() {
         let sum: i32 = b.qs.iter().map(|&v| v as i32).sum();
         // s is d * sum with the unrounded f32 d, so only close to the f16 d's product
         let want = sum as f32 * b.d.to_f32();
-        assert!((b.s.to_f32() - want).abs() <= 2e-3 * want.abs() + 1e-3, "{} vs {want}", b.s);
+        assert!(
+            (b.s.to_f32() - want).abs() <= 2e-3 * want.abs() + 1e-3,
+            "{} vs {want}",
+            b.s
+        );
     }
 }
 

@@ -1,0 +1,235 @@
+//! `cargo bench --bench matmul`: the dense quantised matmul kernels at Gemma 3 270M's shapes.
+//!
+//! For each weight type and shape (rows × cols: 2048×640 as ffn_gate/up, 640×2048 as ffn_down, and
+//! the 262144×640 Q8_0 LM head), with 1 token (decode) and 64 tokens (prompt), prints the time per
+//! call, the weight bandwidth (GB/s of weight bytes per call) and GFLOP/s, for the scalar path and
+//! the best SIMD path of this CPU, and their ratio. Then, when the Gemma file is in the cache, it
+//! times every matrix of one forward pass of the real model (weights from the file, LM head
+//! included for decode and excluded for the prompt, as llama.cpp computes logits only for the last
+//! token) and prints the matmul-only tokens per second.
+//!
+//! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
+//! shortens each measurement; `HOTCOLD_BENCH_FILTER=q4_K,model` runs only the cases whose type
+//! name (or `model`, `lm_head`) is listed.
+
+use std::time::{Duration, Instant};
+
+use hotcold::cpu::{matmul, matmul_with_simd, simd_level, Matrix};
+use hotcold::gguf::GgufFile;
+use hotcold::models::DefaultModel;
+use hotcold::quant::{quantize, GgmlType};
+
+/// Deterministic pseudo-random f32s in [-1, 1).
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `rows × cols` weights of `ty`: 256 distinct quantised rows repeated (quantising 167M values for
+/// the LM head would take longer than the bench).
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let base_rows = rows.min(256);
+    let f = random_f32(base_rows * cols, 0x5eed ^ (rows * cols) as u64);
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut base = vec![0u8; base_rows * rb];
+    quantize(ty, &f, &mut base).unwrap();
+    let mut data = Vec::with_capacity(rows * rb);
+    while data.len() < rows * rb {
+        let take = (rows * rb - data.len()).min(base.len());
+        data.extend_from_slice(&base[..take]);
+    }
+    data
+}
+
+/// Seconds per call of `f`: the best of several batches lasting `budget` in total.
+fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f(); // warm up (page in, fill the scratch buffers)
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut total = 0usize;
+    while start.elapsed() < budget || total < 3 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        total += 1;
+    }
+    best
+}
+
+fn main() {
+    let quick = std::env::var_os("HOTCOLD_BENCH_QUICK").is_some();
+    let budget = Duration::from_millis(if quick { 60 } else { 300 });
+    let simd = simd_level();
+    println!(
+        "hotcold matmul bench: simd = {simd}, threads = {}",
+        rayon::current_num_threads_hint()
+    );
+    println!(
+        "{:<6} {:>13} {:>4} {:>7} {:>11} {:>8} {:>9} {:>8}",
+        "type", "rows×cols", "tok", "path", "µs/call", "GB/s", "GFLOP/s", "speedup"
+    );
+
+    let types = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    let mut cases: Vec<(GgmlType, usize, usize)> = Vec::new();
+    for &ty in &types {
+        for &(rows, cols) in &[(2048usize, 640usize), (640, 2048)] {
+            if cols % ty.block_size() == 0 {
+                cases.push((ty, rows, cols));
+            }
+        }
+    }
+    cases.push((GgmlType::Q8_0, 262_144, 640));
+
+    let filter: Option<Vec<String>> = std::env::var("HOTCOLD_BENCH_FILTER")
+        .ok()
+        .map(|f| f.split(',').map(|s| s.trim().to_string()).collect());
+    let wanted = |name: &str| filter.as_ref().is_none_or(|f| f.iter().any(|x| x == name));
+    for (ty, rows, cols) in cases {
+        let lm_head = rows > 100_000;
+        if !wanted(if lm_head { "lm_head" } else { ty.name() }) {
+            continue;
+        }
+        let data = weights(ty, rows, cols);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        for n in [1usize, 64] {
+            if lm_head && n > 1 && quick {
+                continue;
+            }
+            let x = random_f32(n * cols, 7 + n as u64);
+            let mut y = vec![0f32; n * rows];
+            let mut paths = vec![simd];
+            // the scalar LM head over 64 tokens takes seconds per call: skip it
+            if simd != "scalar" && !(lm_head && n > 1) {
+                paths.push("scalar");
+            }
+            let mut first = 0.0;
+            for (i, path) in paths.iter().enumerate() {
+                let secs = time(budget, || matmul_with_simd(path, &w, &x, n, &mut y).unwrap());
+                if i == 0 {
+                    first = secs;
+                }
+                let gbs = data.len() as f64 / secs / 1e9;
+                let gflops = 2.0 * (rows * cols * n) as f64 / secs / 1e9;
+                let speedup = if i == 0 { String::new() } else { format!("{:.1}×", secs / first) };
+                println!(
+                    "{:<6} {:>13} {:>4} {:>7} {:>11.1} {:>8.2} {:>9.2} {:>8}",
+                    ty.name(),
+                    format!("{rows}×{cols}"),
+                    n,
+                    path,
+                    secs * 1e6,
+                    gbs,
+                    gflops,
+                    speedup
+                );
+            }
+        }
+    }
+
+    if wanted("model") {
+        model_pass(budget);
+    }
+}
+
+/// Every matrix of one forward pass of Gemma 3 270M, from the real file.
+fn model_pass(budget: Duration) {
+    let Ok(path) = DefaultModel::Gemma3_270m.locate() else {
+        println!("\n(Gemma 3 270M not in the cache: run scripts/fetch-models.sh for the model pass)");
+        return;
+    };
+    let file = GgufFile::open(&path).unwrap();
+    let mut mats = Vec::new();
+    let mut lm_head = None;
+    for info in file.tensors() {
+        if info.shape.len() != 2 {
+            continue;
+        }
+        let (cols, rows) = (info.shape[0] as usize, info.shape[1] as usize);
+        let m = Matrix::new(info.ty, rows, cols, file.tensor_data(info)).unwrap();
+        if info.name == "token_embd.weight" {
+            lm_head = Some(m);
+        } else if info.name.starts_with("blk.") {
+            mats.push(m);
+        }
+    }
+    let lm_head = lm_head.expect("token_embd.weight");
+    let layer_bytes: usize = mats.iter().map(|m| m.data.len()).sum();
+    println!(
+        "\nGemma 3 270M forward pass, matmuls only ({} matrices, {:.1} MB + LM head {:.1} MB), simd = {}:",
+        mats.len(),
+        layer_bytes as f64 / 1e6,
+        lm_head.data.len() as f64 / 1e6,
+        simd_level()
+    );
+    for n in [1usize, 64] {
+        let xs: Vec<Vec<f32>> = [640usize, 1024, 2048]
+            .iter()
+            .map(|&c| random_f32(n * c, c as u64))
+            .collect();
+        let x_for = |cols: usize| match cols {
+            640 => &xs[0],
+            1024 => &xs[1],
+            _ => &xs[2],
+        };
+        let mut y = vec![0f32; n * 262_144];
+        let secs = time(budget, || {
+            for m in &mats {
+                matmul(m, x_for(m.cols), n, &mut y[..n * m.rows]).unwrap();
+            }
+        });
+        let head = time(budget, || {
+            matmul(&lm_head, &xs[0][..640], 1, &mut y[..262_144]).unwrap();
+        });
+        if n == 1 {
+            let total = secs + head;
+            println!(
+                "  decode (1 token): layers {:.2} ms ({:.1} GB/s) + LM head {:.2} ms ({:.1} GB/s) = {:.2} ms → {:.0} tok/s",
+                secs * 1e3,
+                layer_bytes as f64 / secs / 1e9,
+                head * 1e3,
+                lm_head.data.len() as f64 / head / 1e9,
+                total * 1e3,
+                1.0 / total
+            );
+        } else {
+            let total = secs + head;
+            println!(
+                "  prompt ({n} tokens): layers {:.2} ms + LM head for the last token {:.2} ms = {:.2} ms → {:.0} tok/s",
+                secs * 1e3,
+                head * 1e3,
+                total * 1e3,
+                n as f64 / total
+            );
+        }
+    }
+}
+
+/// rayon's pool size without depending on rayon: `RAYON_NUM_THREADS` or the CPU count.
+mod rayon {
+    pub fn current_num_threads_hint() -> usize {
+        std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}

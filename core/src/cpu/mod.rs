@@ -1,0 +1,396 @@
+//! CPU kernels: dense quantised matrix × activation products (this file and its submodules) and the
+//! element-wise kernels in [`ops`].
+//!
+//! [`matmul`] computes `y = W · x` for a batch of token rows the way ggml's CPU backend does: each
+//! token row of `x` is first quantised to the weight type's `vec_dot_type` (Q8_0 for Q4_0/Q5_0/Q8_0,
+//! Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, f16/bf16 for F16/BF16 weights), then every output is
+//! an integer block dot product scaled by the blocks' scales, as in `ggml_vec_dot_*`. Integer parts
+//! are exact on every path; only the order of the float accumulation differs between paths.
+//!
+//! - `act`: activation quantisation (ggml's x86 `quantize_row_q8_0` / `q8_1`, `quantize_row_q8_K`).
+//! - `scalar`: the portable kernels, also the reference for tests.
+//! - `avx2` / `avx512`: x86-64 kernels behind runtime feature detection (never AMX).
+//!
+//! Work is split over output rows with rayon in the *current* pool; for a batch of tokens each task
+//! keeps a few weight rows in cache while it sweeps all token rows.
+
+pub mod ops;
+
+mod act;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+use act::{ActKind, Acts};
+
+/// A dense row-major weight matrix in one of ggml's formats, borrowed from a GGUF file (or any byte
+/// buffer): `rows` rows of `cols` elements each, every row `ty.row_bytes(cols)` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    /// Element type of the weights.
+    pub ty: GgmlType,
+    /// Number of rows (outputs of [`matmul`]).
+    pub rows: usize,
+    /// Number of columns (inputs of [`matmul`]; ggml's `ne[0]`).
+    pub cols: usize,
+    /// The packed rows, exactly `rows * ty.row_bytes(cols)` bytes; may start at any address.
+    pub data: &'a [u8],
+}
+
+impl<'a> Matrix<'a> {
+    /// Wraps `data` as a `rows × cols` matrix of type `ty`.
+    ///
+    /// Errors: [`Error::UnsupportedType`] for a type [`matmul`] does not support,
+    /// [`Error::InvalidArgument`] when `cols` is not a whole number of blocks or `data` is not
+    /// exactly `rows` rows long.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self> {
+        if kind_for(ty).is_none() {
+            return Err(Error::UnsupportedType {
+                ty: ty.name(),
+                op: "matmul",
+            });
+        }
+        let rb = ty.row_bytes(cols as u64)?;
+        let want = rb.checked_mul(rows as u64).ok_or_else(|| {
+            Error::InvalidArgument(format!("{rows} rows of {cols} {ty} elements overflow"))
+        })?;
+        if want != data.len() as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "a {rows}×{cols} {ty} matrix takes {want} bytes, got {}",
+                data.len()
+            )));
+        }
+        Ok(Matrix {
+            ty,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// Bytes in one row.
+    #[inline]
+    fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.block_bytes()
+    }
+
+    /// Re-checks the invariants of [`Matrix::new`] (the fields are public, so a caller may have
+    /// built or changed one by hand).
+    fn validate(&self) -> Result<()> {
+        Matrix::new(self.ty, self.rows, self.cols, self.data).map(|_| ())
+    }
+}
+
+/// The SIMD path a kernel runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Level {
+    /// Portable Rust (the reference).
+    Scalar,
+    /// AVX2 + FMA (+ F16C).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    /// AVX-512 F/BW/VL/VNNI on top of AVX2.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+impl Level {
+    fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Level> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "scalar" | "none" => Some(Level::Scalar),
+            "avx2" => Some(Level::Avx2),
+            "avx512" => Some(Level::Avx512),
+            _ => None,
+        }
+    }
+
+    /// The best level this CPU supports.
+    fn detect() -> Level {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            let avx512 = avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
+            if avx512 {
+                return Level::Avx512;
+            }
+            if avx2 {
+                return Level::Avx2;
+            }
+        }
+        Level::Scalar
+    }
+
+    /// The level that runs: the detected one, lowered (never raised) by `HOTCOLD_SIMD`.
+    fn current() -> Level {
+        static LEVEL: OnceLock<Level> = OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            let best = Level::detect();
+            match std::env::var("HOTCOLD_SIMD").ok().as_deref().and_then(Level::from_name) {
+                Some(asked) => asked.min(best),
+                None => best,
+            }
+        })
+    }
+}
+
+/// Which SIMD path [`matmul`] runs: `"avx512"`, `"avx2"` or `"scalar"` (for logs and benches).
+///
+/// Detected once at run time (AVX-512 needs F, BW, VL and VNNI; AVX2 needs FMA and F16C). The
+/// environment variable `HOTCOLD_SIMD=scalar|avx2|avx512` can lower (never raise) the level.
+pub fn simd_level() -> &'static str {
+    Level::current().name()
+}
+
+/// The activation format and kernels for a weight type, or `None` when unsupported.
+fn kind_for(ty: GgmlType) -> Option<ActKind> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => ActKind::F32,
+        F16 => ActKind::F16,
+        BF16 => ActKind::Bf16,
+        Q4_0 | Q5_0 | Q8_0 => ActKind::Q8_0,
+        Q4_1 | Q5_1 => ActKind::Q8_1,
+        Q4_K | Q5_K | Q6_K => ActKind::Q8K,
+        _ => return None,
+    })
+}
+
+/// log2 of the offset that the unsigned-weight kernels remove (`q − 8`, `q − 16`, `w + 128`).
+fn offset_shift(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::Q4_0 => 3,
+        GgmlType::Q5_0 => 4,
+        GgmlType::Q8_0 => 7,
+        _ => 0,
+    }
+}
+
+/// Computes `y[t*rows + r] = dot(W row r, x[t*cols .. (t+1)*cols])` for `t` in `0..n_tokens`.
+///
+/// `x` holds `n_tokens` token rows of `w.cols` f32 values; `y` receives `n_tokens` rows of
+/// `w.rows` values. The dot products follow ggml (see the module docs). Runs in parallel on the
+/// current rayon pool. Errors: [`Error::InvalidArgument`] for a malformed matrix or wrong `x`/`y`
+/// lengths, [`Error::UnsupportedType`] for a weight type without kernels.
+pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) -> Result<()> {
+    matmul_at(Level::current(), w, x, n_tokens, y)
+}
+
+/// [`matmul`] on a named SIMD path (`"scalar"`, `"avx2"`, `"avx512"`), for benches and tests that
+/// compare paths in one process. A path this CPU lacks gives [`Error::InvalidArgument`].
+#[doc(hidden)]
+pub fn matmul_with_simd(
+    simd: &str,
+    w: &Matrix,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let level = Level::from_name(simd)
+        .ok_or_else(|| Error::InvalidArgument(format!("unknown SIMD level {simd:?}")))?;
+    if level > Level::detect() {
+        return Err(Error::InvalidArgument(format!(
+            "this CPU cannot run the {simd} path (best: {})",
+            Level::detect().name()
+        )));
+    }
+    matmul_at(level, w, x, n_tokens, y)
+}
+
+/// Dequantises row `r` of `w` into `out` (`w.cols` values), e.g. for embedding look-ups.
+///
+/// Bit-exact with ggml's `dequantize_row_*`. Errors: [`Error::InvalidArgument`] for a row out of
+/// range, a wrong `out` length or a malformed matrix.
+pub fn dequantize_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<()> {
+    w.validate()?;
+    if r >= w.rows {
+        return Err(Error::InvalidArgument(format!(
+            "row {r} out of range for a matrix of {} rows",
+            w.rows
+        )));
+    }
+    if out.len() != w.cols {
+        return Err(Error::InvalidArgument(format!(
+            "output has {} values, the row has {}",
+            out.len(),
+            w.cols
+        )));
+    }
+    let rb = w.row_bytes();
+    crate::quant::dequantize(w.ty, &w.data[r * rb..(r + 1) * rb], out)
+}
+
+/// A row kernel: for `nr` weight rows starting at `w` (each `rb` bytes) and the `nt` (≤ [`NT`])
+/// token rows `t0..t0+nt` of `acts`, writes `out[i * NT + t]` = dot(row `i`, token `t0 + t`).
+pub(crate) type Kernel = fn(w: &[u8], rb: usize, nr: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32]);
+
+/// Tokens per kernel call (the inner tile width).
+pub(crate) const NT: usize = 4;
+/// Rows per kernel call (the inner tile height).
+pub(crate) const MR: usize = 4;
+
+/// The kernel for `ty` on `level` (falls back to a lower level where a type has no faster path).
+fn kernel_for(level: Level, ty: GgmlType) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= Level::Avx512 {
+            if let Some(k) = avx512::kernel(ty) {
+                return k;
+            }
+        }
+        if level >= Level::Avx2 {
+            if let Some(k) = avx2::kernel(ty) {
+                return k;
+            }
+        }
+    }
+    let _ = level;
+    scalar::kernel(ty).expect("kind_for and scalar::kernel cover the same types")
+}
+
+/// How far ahead of the kernel the weights are prefetched (the rows are short and DRAM latency is
+/// long: without it a single thread streams at about half the memory bandwidth).
+const PREFETCH_AHEAD: usize = 32 * 1024;
+
+/// Asks for the cache line holding `p` (a no-op where there is no prefetch instruction).
+#[inline(always)]
+fn prefetch(p: &u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching has no architectural effect; SSE is part of the x86-64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const u8 as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// A raw output pointer shared by the row tasks, each of which writes a disjoint set of indices.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks write disjoint elements (distinct rows), and `matmul_at` outlives them.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+thread_local! {
+    /// Reused quantised-activation buffers (taken out during a call, so nested calls just allocate).
+    static SCRATCH: std::cell::Cell<Option<Box<Acts>>> = const { std::cell::Cell::new(None) };
+}
+
+fn matmul_at(level: Level, w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) -> Result<()> {
+    w.validate()?;
+    let kind = kind_for(w.ty).ok_or(Error::UnsupportedType {
+        ty: w.ty.name(),
+        op: "matmul",
+    })?;
+    let want_x = n_tokens.checked_mul(w.cols);
+    if want_x != Some(x.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n_tokens} tokens × {} columns",
+            x.len(),
+            w.cols
+        )));
+    }
+    let want_y = n_tokens.checked_mul(w.rows);
+    if want_y != Some(y.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "y has {} values, expected {n_tokens} tokens × {} rows",
+            y.len(),
+            w.rows
+        )));
+    }
+    if n_tokens == 0 || w.rows == 0 {
+        return Ok(());
+    }
+
+    let mut acts = SCRATCH.with(|s| s.take()).unwrap_or_default();
+    acts.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
+    let kernel = kernel_for(level, w.ty);
+    run_rows(kernel, w, &acts, n_tokens, y);
+    SCRATCH.with(|s| s.set(Some(acts)));
+    Ok(())
+}
+
+/// Splits the rows over rayon tasks and runs `kernel` on tiles of [`MR`] rows × [`NT`] tokens.
+fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f32]) {
+    let rows = w.rows;
+    let rb = w.row_bytes();
+    let threads = rayon::current_num_threads().max(1);
+
+    // Rows per task: enough tasks for load balance (8 per thread), each at least ~16 KiB of
+    // weights (rayon's per-task cost is ~1 µs), and for batches at most ~64 KiB so that a task's
+    // rows stay in L2 while it sweeps the tokens.
+    let min_rows = (16 * 1024 / rb.max(1)).max(MR);
+    let mut chunk = rows.div_ceil(threads * 8).max(min_rows);
+    if n_tokens > 1 {
+        chunk = chunk.min((64 * 1024 / rb.max(1)).max(MR));
+    }
+    let chunk = chunk.div_ceil(MR) * MR;
+    let n_chunks = rows.div_ceil(chunk);
+    let out = OutPtr(y.as_mut_ptr());
+
+    let task = move |c: usize| {
+        let out = out;
+        let r0 = c * chunk;
+        let r1 = (r0 + chunk).min(rows);
+        let mut tile = [0f32; MR * NT];
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let nt = (n_tokens - t0).min(NT);
+            let mut r = r0;
+            // software prefetch runs PREFETCH_AHEAD bytes ahead of the rows being read, on the
+            // first sweep over the rows (later token groups find them in cache)
+            let mut pf = r0 * rb;
+            let chunk_end = r1 * rb;
+            while r < r1 {
+                let nr = (r1 - r).min(MR);
+                if t0 == 0 {
+                    let until = ((r + nr) * rb + PREFETCH_AHEAD).min(chunk_end);
+                    while pf < until {
+                        prefetch(&w.data[pf]);
+                        pf += 64;
+                    }
+                }
+                kernel(&w.data[r * rb..(r + nr) * rb], rb, nr, acts, t0, nt, &mut tile);
+                for i in 0..nr {
+                    for t in 0..nt {
+                        // SAFETY: (t0 + t) < n_tokens and r + i < rows, so the index is inside
+                        // y (length n_tokens * rows); rows r0..r1 belong to this task alone.
+                        unsafe { *out.0.add((t0 + t) * rows + r + i) = tile[i * NT + t] };
+                    }
+                }
+                r += nr;
+            }
+            t0 += nt;
+        }
+    };
+    if n_chunks == 1 {
+        task(0);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(task);
+    }
+}

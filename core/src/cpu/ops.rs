@@ -1,0 +1,212 @@
+//! Element-wise and normalisation kernels (RMSNorm, RoPE, softmax, activations), as ggml computes
+//! them, so that the dense forward pass follows llama.cpp closely.
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+/// `x = x / rms(x) * w` over one row (`eps` inside the square root, as ggml's `rms_norm`).
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    debug_assert_eq!(x.len(), w.len());
+    let scale = rms_scale(x, eps);
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = *v * scale * g;
+    }
+}
+
+/// `out = x / rms(x) * w` over one row.
+pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = rms_scale(x, eps);
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    // ggml sums in f64 (ggml_float) for its norms.
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (ggml `LLAMA_ROPE_TYPE_NORM`: Llama, Mistral).
+    Normal,
+    /// Halves `(i, i + d/2)` (ggml `LLAMA_ROPE_TYPE_NEOX`: Gemma, Qwen2, GPT-NeoX).
+    Neox,
+}
+
+/// RoPE parameters for one (base, scale, rotated dimensions) triple.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    style: RopeStyle,
+    theta_scale: f32,
+    freq_scale: f32,
+    n_rot: usize,
+}
+
+impl Rope {
+    /// RoPE over the first `n_rot` dimensions of each head with the given base and linear scale.
+    pub fn new(style: RopeStyle, n_rot: usize, freq_base: f32, freq_scale: f32) -> Rope {
+        Rope {
+            style,
+            theta_scale: freq_base.powf(-2.0 / n_rot as f32),
+            freq_scale,
+            n_rot,
+        }
+    }
+
+    /// The (cos, sin) pairs for position `pos`, one per rotated pair, computed as ggml does
+    /// (`theta = pos * theta_scale^i` as a running product, then times the linear scale).
+    pub fn angles(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
+        out.clear();
+        let mut theta = pos as f32;
+        for _ in 0..self.n_rot / 2 {
+            let (sin, cos) = (theta * self.freq_scale).sin_cos();
+            out.push((cos, sin));
+            theta *= self.theta_scale;
+        }
+    }
+
+    /// Rotates every head of `x` (`n_heads` × `head_dim`, contiguous) by precomputed `angles`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, angles: &[(f32, f32)]) {
+        let half = self.n_rot / 2;
+        for head in x.chunks_exact_mut(head_dim) {
+            for (i, &(cos, sin)) in angles.iter().enumerate() {
+                let (a, b) = match self.style {
+                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// In-place softmax of one row (max-subtracted, sums in f64 as ggml does).
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `x += y`.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `x *= s`.
+pub fn scale(x: &mut [f32], s: f32) {
+    for v in x {
+        *v *= s;
+    }
+}
+
+/// tanh-approximated GELU, exact formula.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU as ggml's CPU backend evaluates it: through a table indexed by the f16 of the input,
+/// holding the f16 of the result; identity above 10, zero below -10.
+pub fn gelu_ggml(x: f32) -> f32 {
+    static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| f16::from_f32(gelu_tanh(f16::from_bits(bits).to_f32())))
+            .collect()
+    });
+    table[f16::from_f32(x).to_bits() as usize].to_f32()
+}
+
+/// SiLU, `x * sigmoid(x)`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `gate = act(gate) * up`, the gated FFN's element-wise step.
+pub fn gated(gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = act(*g) * u;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_weights_gives_unit_rms() {
+        let mut x = vec![1.0, -2.0, 3.0, 4.0];
+        rms_norm(&mut x, &[1.0; 4], 0.0);
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_keeps_norm_and_position_zero_is_identity() {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            let rope = Rope::new(style, 8, 10000.0, 1.0);
+            let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.3 - 2.0).collect();
+            let mut x = orig.clone();
+            let mut angles = Vec::new();
+            rope.angles(0, &mut angles);
+            rope.apply(&mut x, 8, &angles);
+            assert_eq!(x, orig);
+            rope.angles(17, &mut angles);
+            rope.apply(&mut x, 8, &angles);
+            let n0: f32 = orig.iter().map(|v| v * v).sum();
+            let n1: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-3);
+        }
+    }
+
+    #[test]
+    fn neox_rotates_halves() {
+        let rope = Rope::new(RopeStyle::Neox, 4, 10000.0, 1.0);
+        let mut x = vec![1.0, 0.0, 0.0, 0.0];
+        let mut angles = Vec::new();
+        rope.angles(1, &mut angles);
+        rope.apply(&mut x, 4, &angles);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, -1000.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+    }
+
+    #[test]
+    fn gelu_table_is_close_to_formula() {
+        for i in -200..200 {
+            let x = i as f32 * 0.07;
+            assert!((gelu_ggml(x) - gelu_tanh(x)).abs() <= 2e-3 * (1.0 + x.abs()));
+        }
+        assert_eq!(gelu_ggml(12.0), 12.0);
+        assert_eq!(gelu_ggml(-11.0), 0.0);
+    }
+}

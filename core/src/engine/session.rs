@@ -1,0 +1,219 @@
+//! A session: one sequence being evaluated, with its KV cache and position.
+
+use std::sync::Arc;
+
+use super::attention::{attend, AttentionShape};
+use super::kv_cache::KvCache;
+use crate::cpu::ops::{self, Rope};
+use crate::cpu::{self, Matrix};
+use crate::model::{FfnActivation, LayerWeights, Model};
+use crate::{Error, Result};
+
+/// Which logits an evaluation returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's, `n × n_vocab` (perplexity).
+    All,
+}
+
+/// Tokens evaluated per forward batch (llama.cpp's default `n_ubatch`).
+const MAX_BATCH: usize = 512;
+
+/// One sequence being evaluated: the KV cache and the number of positions already filled.
+pub struct Session<'m> {
+    model: &'m Model,
+    pool: Arc<rayon::ThreadPool>,
+    cache: KvCache,
+    n_past: usize,
+    rope_global: Rope,
+    rope_swa: Rope,
+}
+
+impl<'m> Session<'m> {
+    /// A new session of up to `n_ctx` positions, running its kernels on `pool`.
+    pub fn new(model: &'m Model, n_ctx: usize, pool: Arc<rayon::ThreadPool>) -> Session<'m> {
+        let hp = &model.hp;
+        Session {
+            model,
+            pool,
+            cache: KvCache::new(hp, n_ctx),
+            n_past: 0,
+            rope_global: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base, hp.rope_freq_scale),
+            rope_swa: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base_swa, 1.0),
+        }
+    }
+
+    /// Positions already in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Context capacity.
+    pub fn n_ctx(&self) -> usize {
+        self.cache.n_ctx()
+    }
+
+    /// Forgets everything from position `pos` on (e.g. to reuse a shared prompt prefix).
+    pub fn truncate(&mut self, pos: usize) {
+        self.n_past = self.n_past.min(pos);
+    }
+
+    /// Appends `tokens` to the sequence and returns their logits (the last token's, or all).
+    pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if self.n_past + tokens.len() > self.n_ctx() {
+            return Err(Error::InvalidArgument(format!(
+                "{} tokens after {} already in the context exceed the context size of {} (use a larger -c)",
+                tokens.len(),
+                self.n_past,
+                self.n_ctx()
+            )));
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(Error::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
+        }
+        let pool = self.pool.clone();
+        pool.install(|| {
+            let mut logits = Vec::new();
+            for chunk in tokens.chunks(MAX_BATCH) {
+                let chunk_logits = self.forward(chunk, which)?;
+                if which == Logits::All {
+                    logits.extend_from_slice(&chunk_logits);
+                } else {
+                    logits = chunk_logits;
+                }
+            }
+            Ok(logits)
+        })
+    }
+
+    /// One forward batch: embeddings, every block, the final norm and the LM head.
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let hp = &self.model.hp;
+        let n = tokens.len();
+        let mut x = self.embed(tokens)?;
+        for il in 0..hp.n_layer {
+            self.block(il, &mut x, n)?;
+        }
+        self.n_past += n;
+        let rows: &[f32] = match which {
+            Logits::All => &x,
+            Logits::Last => &x[(n - 1) * hp.n_embd..],
+        };
+        let mut normed = rows.to_vec();
+        for row in normed.chunks_exact_mut(hp.n_embd) {
+            ops::rms_norm(row, &self.model.output_norm, hp.rms_eps);
+        }
+        let n_out = normed.len() / hp.n_embd;
+        let mut logits = self.matmul(&self.model.output, &normed, n_out)?;
+        if let Some(cap) = hp.final_logit_softcap {
+            logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+        }
+        Ok(logits)
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let hp = &self.model.hp;
+        let table = self.model.matrix(&self.model.token_embd);
+        let mut x = vec![0f32; tokens.len() * hp.n_embd];
+        for (row, &t) in x.chunks_exact_mut(hp.n_embd).zip(tokens) {
+            cpu::dequantize_row(&table, t as usize, row)?;
+            if hp.embed_scale != 1.0 {
+                ops::scale(row, hp.embed_scale);
+            }
+        }
+        Ok(x)
+    }
+
+    /// One transformer block on the residual stream `x` (`n` rows).
+    fn block(&mut self, il: usize, x: &mut [f32], n: usize) -> Result<()> {
+        let layer = &self.model.layers[il];
+        let attn = self.self_attention(il, layer, x, n)?;
+        residual_add(x, attn, layer.post_attn_norm.as_deref(), self.model.hp.rms_eps);
+        let ffn = self.feed_forward(layer, x, n)?;
+        residual_add(x, ffn, layer.post_ffn_norm.as_deref(), self.model.hp.rms_eps);
+        Ok(())
+    }
+
+    fn self_attention(&mut self, il: usize, layer: &LayerWeights, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let hp = &self.model.hp;
+        let h = self.norm_rows(x, &layer.attn_norm);
+        let mut q = self.projection(&layer.wq, layer.bq.as_deref(), &h, n)?;
+        let mut k = self.projection(&layer.wk, layer.bk.as_deref(), &h, n)?;
+        let v = self.projection(&layer.wv, layer.bv.as_deref(), &h, n)?;
+        if let Some(w) = &layer.q_norm {
+            q.chunks_exact_mut(hp.head_dim).for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
+        }
+        if let Some(w) = &layer.k_norm {
+            k.chunks_exact_mut(hp.head_dim).for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
+        }
+        let swa = hp.swa_layers[il];
+        let rope = if swa { &self.rope_swa } else { &self.rope_global };
+        let mut angles = Vec::new();
+        for t in 0..n {
+            rope.angles(self.n_past + t, &mut angles);
+            rope.apply(&mut q[t * hp.q_width()..(t + 1) * hp.q_width()], hp.head_dim, &angles);
+            rope.apply(&mut k[t * hp.k_width()..(t + 1) * hp.k_width()], hp.head_dim, &angles);
+        }
+        self.cache.store(il, self.n_past, &k, &v);
+        let shape = AttentionShape {
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+            head_dim_v: hp.head_dim_v,
+            scale: hp.attn_scale,
+            window: hp.sliding_window.filter(|_| swa),
+        };
+        let mut out = vec![0f32; n * hp.n_head * hp.head_dim_v];
+        attend(&self.cache, il, &shape, &q, self.n_past, &mut out);
+        self.matmul(&layer.wo, &out, n)
+    }
+
+    fn feed_forward(&self, layer: &LayerWeights, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let h = self.norm_rows(x, &layer.ffn_norm);
+        let mut gate = self.matmul(&layer.gate, &h, n)?;
+        let up = self.matmul(&layer.up, &h, n)?;
+        let act = match self.model.hp.ffn_act {
+            FfnActivation::Silu => ops::silu,
+            FfnActivation::Gelu => ops::gelu_ggml,
+        };
+        ops::gated(&mut gate, &up, act);
+        self.matmul(&layer.down, &gate, n)
+    }
+
+    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        for (o, row) in out.chunks_exact_mut(w.len()).zip(x.chunks_exact(w.len())) {
+            ops::rms_norm_into(row, w, self.model.hp.rms_eps, o);
+        }
+        out
+    }
+
+    fn projection(&self, w: &crate::model::Weight, bias: Option<&[f32]>, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mut y = self.matmul(w, x, n)?;
+        if let Some(b) = bias {
+            y.chunks_exact_mut(b.len()).for_each(|row| ops::add_assign(row, b));
+        }
+        Ok(y)
+    }
+
+    fn matmul(&self, w: &crate::model::Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let m: Matrix = self.model.matrix(w);
+        let mut y = vec![0f32; n * w.rows];
+        cpu::matmul(&m, x, n, &mut y)?;
+        Ok(y)
+    }
+}
+
+/// `x += norm(y)` (or `x += y` without a post-norm), row by row.
+fn residual_add(x: &mut [f32], mut y: Vec<f32>, post_norm: Option<&[f32]>, eps: f32) {
+    if let Some(w) = post_norm {
+        y.chunks_exact_mut(w.len()).for_each(|row| ops::rms_norm(row, w, eps));
+    }
+    ops::add_assign(x, &y);
+}

@@ -1,0 +1,234 @@
+//! Hyper-parameters read from `{arch}.*` metadata keys, with each architecture's conventions.
+
+use crate::cpu::ops::RopeStyle;
+use crate::gguf::{GgufFile, MetaArray};
+use crate::{Error, Result};
+
+/// The architectures the dense engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3, Mistral-style GQA (`llama`).
+    Llama,
+    /// Qwen2: the Llama graph with biases on Q, K and V, NEOX RoPE (`qwen2`).
+    Qwen2,
+    /// Gemma 3: GeGLU, Q/K norms, post-norms, sliding-window layers (`gemma3`).
+    Gemma3,
+}
+
+impl Arch {
+    /// Every supported architecture name, for error messages.
+    pub const SUPPORTED: &'static str = "llama, qwen2, gemma3";
+
+    /// The architecture named by `general.architecture`.
+    pub fn from_name(name: &str) -> Result<Arch> {
+        match name {
+            "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
+            "gemma3" => Ok(Arch::Gemma3),
+            other => Err(Error::Metadata {
+                key: "general.architecture".into(),
+                message: format!("unsupported architecture {other:?} (supported: {})", Arch::SUPPORTED),
+            }),
+        }
+    }
+}
+
+/// The FFN's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// `silu(gate) * up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) * up` (GeGLU).
+    Gelu,
+}
+
+/// Everything the forward pass needs to know about the model's shape.
+#[derive(Clone, Debug)]
+pub struct HyperParams {
+    /// Architecture.
+    pub arch: Arch,
+    /// Number of transformer blocks.
+    pub n_layer: usize,
+    /// Width of the residual stream.
+    pub n_embd: usize,
+    /// FFN hidden width.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (GQA when fewer than `n_head`).
+    pub n_head_kv: usize,
+    /// Size of one head (keys and queries).
+    pub head_dim: usize,
+    /// Size of one value head.
+    pub head_dim_v: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub n_vocab: usize,
+    /// Context length the model was trained with.
+    pub n_ctx_train: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// RoPE pairing.
+    pub rope_style: RopeStyle,
+    /// Rotated dimensions per head.
+    pub n_rot: usize,
+    /// RoPE base of global layers.
+    pub rope_base: f32,
+    /// RoPE base of sliding-window layers.
+    pub rope_base_swa: f32,
+    /// Linear RoPE scale (1 / scaling factor).
+    pub rope_freq_scale: f32,
+    /// Sliding window size, when the model has sliding-window layers.
+    pub sliding_window: Option<usize>,
+    /// Which layers use the sliding window.
+    pub swa_layers: Vec<bool>,
+    /// Multiplier of the attention scores (`1/sqrt(head_dim)` unless the family says otherwise).
+    pub attn_scale: f32,
+    /// Multiplier of the token embeddings (`sqrt(n_embd)` for Gemma, 1 otherwise).
+    pub embed_scale: f32,
+    /// FFN activation.
+    pub ffn_act: FfnActivation,
+    /// `tanh` soft-capping of the final logits, when set.
+    pub final_logit_softcap: Option<f32>,
+}
+
+impl HyperParams {
+    /// Reads the hyper-parameters of `file` (its vocabulary size is checked against the embedding
+    /// by the weight loader).
+    pub fn from_gguf(file: &GgufFile) -> Result<HyperParams> {
+        let arch_name = file.architecture()?;
+        let arch = Arch::from_name(arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req = |k: &str| -> Result<usize> { to_usize(&key(k), file.require_u64(&key(k))?) };
+        let opt = |k: &str| -> Result<Option<usize>> {
+            file.get_u64(&key(k))?.map(|v| to_usize(&key(k), v)).transpose()
+        };
+        let n_layer = req("block_count")?;
+        let n_embd = req("embedding_length")?;
+        let n_ff = req("feed_forward_length")?;
+        let n_head = req("attention.head_count")?;
+        let n_head_kv = opt("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_layer == 0 || n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(Error::Metadata {
+                key: key("attention.head_count_kv"),
+                message: format!(
+                    "inconsistent shape: {n_layer} layers, width {n_embd}, {n_head} heads, {n_head_kv} KV heads"
+                ),
+            });
+        }
+        let head_dim = opt("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let head_dim_v = opt("attention.value_length")?.unwrap_or(head_dim);
+        let n_rot = opt("rope.dimension_count")?.unwrap_or(head_dim);
+        if head_dim == 0 || n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(Error::Metadata {
+                key: key("rope.dimension_count"),
+                message: format!("{n_rot} rotated dimensions for heads of {head_dim}"),
+            });
+        }
+        let rms_eps = file
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .ok_or_else(|| Error::Metadata {
+                key: key("attention.layer_norm_rms_epsilon"),
+                message: "missing".into(),
+            })?;
+        let rope_base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let rope_freq_scale = match file.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => 1.0,
+            Some("linear") => 1.0 / file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+            Some(other) => {
+                return Err(Error::Metadata {
+                    key: key("rope.scaling.type"),
+                    message: format!("RoPE scaling {other:?} is not supported (supported: none, linear)"),
+                })
+            }
+        };
+        let n_ctx_train = opt("context_length")?.unwrap_or(4096);
+        let sliding_window = opt("attention.sliding_window")?.filter(|&w| w > 0);
+        let swa_layers = match (arch, sliding_window) {
+            (Arch::Gemma3, Some(_)) => swa_pattern(file, &key("attention.sliding_window_pattern"), n_layer, 6)?,
+            (_, Some(_)) => swa_pattern(file, &key("attention.sliding_window_pattern"), n_layer, 0)?,
+            _ => vec![false; n_layer],
+        };
+        let (rope_style, attn_scale, embed_scale, ffn_act) = match arch {
+            Arch::Llama => (RopeStyle::Normal, 1.0 / (head_dim as f32).sqrt(), 1.0, FfnActivation::Silu),
+            Arch::Qwen2 => (RopeStyle::Neox, 1.0 / (head_dim as f32).sqrt(), 1.0, FfnActivation::Silu),
+            Arch::Gemma3 => (
+                RopeStyle::Neox,
+                1.0 / (head_dim as f32).sqrt(),
+                (n_embd as f32).sqrt(),
+                FfnActivation::Gelu,
+            ),
+        };
+        let final_logit_softcap = file.get_f32(&key("final_logit_softcapping"))?.filter(|&c| c != 0.0);
+        Ok(HyperParams {
+            arch,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            n_vocab: 0,
+            n_ctx_train,
+            rms_eps,
+            rope_style,
+            n_rot,
+            rope_base,
+            rope_base_swa: file.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+            rope_freq_scale,
+            sliding_window,
+            swa_layers,
+            attn_scale,
+            embed_scale,
+            ffn_act,
+            final_logit_softcap,
+        })
+    }
+
+    /// Width of all query heads together.
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of all key heads together.
+    pub fn k_width(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Width of all value heads together.
+    pub fn v_width(&self) -> usize {
+        self.n_head_kv * self.head_dim_v
+    }
+}
+
+fn to_usize(key: &str, v: u64) -> Result<usize> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&v| v < (1 << 32))
+        .ok_or_else(|| Error::Metadata {
+            key: key.into(),
+            message: format!("value {v} is out of range"),
+        })
+}
+
+/// Sliding-window layers: an explicit per-layer bool array, or a period `n` where every `n`-th
+/// layer is global (llama.cpp's `set_swa_pattern`; 0 means all layers slide).
+fn swa_pattern(file: &GgufFile, key: &str, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
+    match file.get(key) {
+        Some(v) => match v.as_array() {
+            Some(MetaArray::Bool(b)) if b.len() == n_layer => Ok(b.clone()),
+            _ => match v.as_u64() {
+                Some(period) => Ok(periodic(n_layer, period as usize)),
+                None => Err(Error::Metadata {
+                    key: key.into(),
+                    message: format!("expected a period or {n_layer} bools"),
+                }),
+            },
+        },
+        None => Ok(periodic(n_layer, default_period)),
+    }
+}
+
+fn periodic(n_layer: usize, period: usize) -> Vec<bool> {
+    (0..n_layer).map(|il| period == 0 || il % period < period - 1).collect()
+}

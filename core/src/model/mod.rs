@@ -1,0 +1,10 @@
+//! A model's hyper-parameters from GGUF metadata, per architecture, and its weights by role.
+//!
+//! The engine never looks tensors up by string: [`Model::load`] resolves every role of every
+//! layer once, checks its shape, and fails with the tensor's name when something is off.
+
+mod hparams;
+mod weights;
+
+pub use hparams::{Arch, FfnActivation, HyperParams};
+pub use weights::{LayerWeights, Model, Weight};

@@ -1,0 +1,237 @@
+//! The weights of a dense model, resolved by role and shape-checked at load time.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::hparams::{Arch, HyperParams};
+use crate::cpu::Matrix;
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, GgmlType};
+use crate::{Error, Result};
+
+/// A weight matrix inside the mapped file: `rows` outputs of `cols` inputs each.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    /// The tensor's name, for messages.
+    pub name: String,
+    /// Element type.
+    pub ty: GgmlType,
+    /// Output dimension (ggml `ne[1]`).
+    pub rows: usize,
+    /// Input dimension (ggml `ne[0]`).
+    pub cols: usize,
+    info: TensorInfo,
+}
+
+impl Weight {
+    /// Size of the weight's data in bytes.
+    pub fn n_bytes(&self) -> u64 {
+        self.info.n_bytes
+    }
+}
+
+/// The weights of one transformer block.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// RMSNorm before attention.
+    pub attn_norm: Vec<f32>,
+    /// Query projection.
+    pub wq: Weight,
+    /// Key projection.
+    pub wk: Weight,
+    /// Value projection.
+    pub wv: Weight,
+    /// Query bias (Qwen2).
+    pub bq: Option<Vec<f32>>,
+    /// Key bias (Qwen2).
+    pub bk: Option<Vec<f32>>,
+    /// Value bias (Qwen2).
+    pub bv: Option<Vec<f32>>,
+    /// Per-head RMSNorm of queries (Gemma 3).
+    pub q_norm: Option<Vec<f32>>,
+    /// Per-head RMSNorm of keys (Gemma 3).
+    pub k_norm: Option<Vec<f32>>,
+    /// Output projection.
+    pub wo: Weight,
+    /// RMSNorm of the attention output before the residual add (Gemma 3).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// RMSNorm before the FFN.
+    pub ffn_norm: Vec<f32>,
+    /// FFN gate projection.
+    pub gate: Weight,
+    /// FFN up projection.
+    pub up: Weight,
+    /// FFN down projection.
+    pub down: Weight,
+    /// RMSNorm of the FFN output before the residual add (Gemma 3).
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A loaded model: the mapped file, its hyper-parameters and its weights by role.
+pub struct Model {
+    file: Arc<GgufFile>,
+    /// Hyper-parameters.
+    pub hp: HyperParams,
+    /// Token embedding (`n_vocab` rows of `n_embd`).
+    pub token_embd: Weight,
+    /// Blocks, in order.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm.
+    pub output_norm: Vec<f32>,
+    /// LM head (the token embedding when tied).
+    pub output: Weight,
+}
+
+impl Model {
+    /// Maps and loads the model at `path`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+        Model::from_file(Arc::new(GgufFile::open(path)?))
+    }
+
+    /// Loads the model from an opened file.
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Model> {
+        let mut hp = HyperParams::from_gguf(&file)?;
+        if file.tensor("rope_freqs.weight").is_some() {
+            return Err(Error::Tensor {
+                tensor: "rope_freqs.weight".into(),
+                message: "per-dimension RoPE frequency factors are not supported yet".into(),
+            });
+        }
+        hp.n_vocab = file.require_tensor("token_embd.weight")?.n_rows() as usize;
+        let loader = Loader { file: &file, hp: &hp };
+        let token_embd = loader.matrix("token_embd.weight", Some(hp.n_vocab), hp.n_embd)?;
+        let output = match file.tensor("output.weight") {
+            Some(_) => loader.matrix("output.weight", Some(hp.n_vocab), hp.n_embd)?,
+            None => token_embd.clone(),
+        };
+        let layers = (0..hp.n_layer).map(|il| loader.layer(il)).collect::<Result<_>>()?;
+        let output_norm = loader.vector("output_norm.weight", hp.n_embd)?;
+        Ok(Model {
+            file: file.clone(),
+            hp,
+            token_embd,
+            layers,
+            output_norm,
+            output,
+        })
+    }
+
+    /// The file the weights live in.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// A kernel view of `w`'s data.
+    pub fn matrix(&self, w: &Weight) -> Matrix<'_> {
+        Matrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data: self.file.tensor_data(&w.info),
+        }
+    }
+
+    /// Bytes of all weight matrices read for one decoded token (every layer's matrices and the
+    /// LM head; the embedding row is negligible).
+    pub fn bytes_per_token(&self) -> u64 {
+        let layer: u64 = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .map(Weight::n_bytes)
+            .sum();
+        layer + self.output.n_bytes()
+    }
+}
+
+struct Loader<'a> {
+    file: &'a GgufFile,
+    hp: &'a HyperParams,
+}
+
+impl Loader<'_> {
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.file.require_tensor(name)
+    }
+
+    /// A 2-D weight of `cols` inputs and (when given) `rows` outputs.
+    fn matrix(&self, name: &str, rows: Option<usize>, cols: usize) -> Result<Weight> {
+        let info = self.info(name)?;
+        let bad = |message: String| Error::Tensor {
+            tensor: name.into(),
+            message,
+        };
+        if info.shape.len() != 2 || info.shape[0] as usize != cols || rows.is_some_and(|r| info.shape[1] as usize != r) {
+            return Err(bad(format!(
+                "shape {:?}, expected [{cols}, {}]",
+                info.shape,
+                rows.map_or("n".to_string(), |r| r.to_string())
+            )));
+        }
+        Matrix::new(info.ty, info.shape[1] as usize, cols, self.file.tensor_data(info))
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(Weight {
+            name: name.into(),
+            ty: info.ty,
+            rows: info.shape[1] as usize,
+            cols,
+            info: info.clone(),
+        })
+    }
+
+    /// A 1-D tensor of `len` elements, dequantised to f32.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let info = self.info(name)?;
+        if info.n_elements() as usize != len {
+            return Err(Error::Tensor {
+                tensor: name.into(),
+                message: format!("shape {:?}, expected {len} elements", info.shape),
+            });
+        }
+        let mut out = vec![0f32; len];
+        quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).map_err(|e| Error::Tensor {
+            tensor: name.into(),
+            message: e.to_string(),
+        })?;
+        Ok(out)
+    }
+
+    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        match self.file.tensor(name) {
+            Some(_) => self.vector(name, len).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn layer(&self, il: usize) -> Result<LayerWeights> {
+        let hp = self.hp;
+        let n = |role: &str| format!("blk.{il}.{role}");
+        let gemma = hp.arch == Arch::Gemma3;
+        let required_if = |cond: bool, role: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            if cond {
+                self.vector(&n(role), len).map(Some)
+            } else {
+                self.optional_vector(&n(role), len)
+            }
+        };
+        Ok(LayerWeights {
+            attn_norm: self.vector(&n("attn_norm.weight"), hp.n_embd)?,
+            wq: self.matrix(&n("attn_q.weight"), Some(hp.q_width()), hp.n_embd)?,
+            wk: self.matrix(&n("attn_k.weight"), Some(hp.k_width()), hp.n_embd)?,
+            wv: self.matrix(&n("attn_v.weight"), Some(hp.v_width()), hp.n_embd)?,
+            bq: required_if(hp.arch == Arch::Qwen2, "attn_q.bias", hp.q_width())?,
+            bk: required_if(hp.arch == Arch::Qwen2, "attn_k.bias", hp.k_width())?,
+            bv: required_if(hp.arch == Arch::Qwen2, "attn_v.bias", hp.v_width())?,
+            q_norm: required_if(gemma, "attn_q_norm.weight", hp.head_dim)?,
+            k_norm: required_if(gemma, "attn_k_norm.weight", hp.head_dim)?,
+            wo: self.matrix(&n("attn_output.weight"), Some(hp.n_embd), hp.n_head * hp.head_dim_v)?,
+            post_attn_norm: required_if(gemma, "post_attention_norm.weight", hp.n_embd)?,
+            ffn_norm: self.vector(&n("ffn_norm.weight"), hp.n_embd)?,
+            gate: self.matrix(&n("ffn_gate.weight"), Some(hp.n_ff), hp.n_embd)?,
+            up: self.matrix(&n("ffn_up.weight"), Some(hp.n_ff), hp.n_embd)?,
+            down: self.matrix(&n("ffn_down.weight"), Some(hp.n_embd), hp.n_ff)?,
+            post_ffn_norm: required_if(gemma, "post_ffw_norm.weight", hp.n_embd)?,
+        })
+    }
+}
