@@ -123,13 +123,19 @@ fn main() {
             }
             let mut first = 0.0;
             for (i, path) in paths.iter().enumerate() {
-                let secs = time(budget, || matmul_with_simd(path, &w, &x, n, &mut y).unwrap());
+                let secs = time(budget, || {
+                    matmul_with_simd(path, &w, &x, n, &mut y).unwrap()
+                });
                 if i == 0 {
                     first = secs;
                 }
                 let gbs = data.len() as f64 / secs / 1e9;
                 let gflops = 2.0 * (rows * cols * n) as f64 / secs / 1e9;
-                let speedup = if i == 0 { String::new() } else { format!("{:.1}×", secs / first) };
+                let speedup = if i == 0 {
+                    String::new()
+                } else {
+                    format!("{:.1}×", secs / first)
+                };
                 println!(
                     "{:<6} {:>13} {:>4} {:>7} {:>11.1} {:>8.2} {:>9.2} {:>8}",
                     ty.name(),
@@ -153,7 +159,9 @@ fn main() {
 /// Every matrix of one forward pass of Gemma 3 270M, from the real file.
 fn model_pass(budget: Duration) {
     let Ok(path) = DefaultModel::Gemma3_270m.locate() else {
-        println!("\n(Gemma 3 270M not in the cache: run scripts/fetch-models.sh for the model pass)");
+        println!(
+            "\n(Gemma 3 270M not in the cache: run scripts/fetch-models.sh for the model pass)"
+        );
         return;
     };
     let file = GgufFile::open(&path).unwrap();

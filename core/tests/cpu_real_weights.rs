@@ -61,7 +61,11 @@ fn matmul_matches_dequantised_reference_on_gemma_tensors() {
             for t in 0..n {
                 let xt = &x[t * cols..(t + 1) * cols];
                 let exact: f64 = row.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let mag: f64 = row.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                let mag: f64 = row
+                    .iter()
+                    .zip(xt)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
                 // Q8 activations carry ~0.4% relative error per element; F32/F16 far less.
                 let rel = match info.ty {
                     GgmlType::F32 => 1e-5,
@@ -83,7 +87,10 @@ fn matmul_matches_dequantised_reference_on_gemma_tensors() {
     }
     eprintln!("checked (type: tensor, worst error / Σ|w·x|): {seen:#?}");
     for ty in ["q8_0", "q5_0", "q4_K", "q6_K"] {
-        assert!(seen.contains_key(ty), "no {ty} tensor found in the Gemma file: {seen:?}");
+        assert!(
+            seen.contains_key(ty),
+            "no {ty} tensor found in the Gemma file: {seen:?}"
+        );
     }
 }
 
@@ -104,7 +111,15 @@ fn lm_head_rows_match_dequantised_reference() {
     for r in 0..rows {
         dequantize_row(&w, r, &mut row).unwrap();
         let exact: f64 = row.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
-        let mag: f64 = row.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-        assert!((y[r] as f64 - exact).abs() <= 1e-2 * mag, "row {r}: {} vs {exact}", y[r]);
+        let mag: f64 = row
+            .iter()
+            .zip(&x)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
+        assert!(
+            (y[r] as f64 - exact).abs() <= 1e-2 * mag,
+            "row {r}: {} vs {exact}",
+            y[r]
+        );
     }
 }

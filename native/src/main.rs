@@ -16,6 +16,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from a prompt (streams to stdout; timings to stderr).
+    Run(cmd::run::Args),
+    /// Interactive chat with the model's chat template.
+    Chat(cmd::chat::Args),
+    /// Prompt-processing and decode speed, like llama-bench.
+    Bench(cmd::bench::Args),
+    /// Perplexity of a text file, llama.cpp's method.
+    Perplexity(cmd::perplexity::Args),
     /// Print a GGUF file's format, hyper-parameters, tokenizer and tensor table.
     Inspect(cmd::inspect::Args),
 }
@@ -23,6 +31,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Chat(args) => cmd::chat::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+        Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
     };
     match result {

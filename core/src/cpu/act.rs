@@ -132,7 +132,15 @@ impl Acts {
     /// Quantises the `n` token rows of `x` (each `cols` values, a whole number of blocks) to
     /// `kind`, reusing this buffer's memory. `shift` is log2 of the offset of the weights the
     /// activations will meet (Q4_0: 3, Q5_0: 4, Q8_0 as unsigned: 7), for [`Acts::nis`].
-    pub fn quantize(&mut self, level: Level, kind: ActKind, shift: u32, x: &[f32], n: usize, cols: usize) {
+    pub fn quantize(
+        &mut self,
+        level: Level,
+        kind: ActKind,
+        shift: u32,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+    ) {
         debug_assert_eq!(x.len(), n * cols);
         self.kind = kind;
         self.cols = cols;
@@ -164,7 +172,10 @@ impl Acts {
                 resize(&mut self.s, n * nb);
                 resize(&mut self.isum, n * nb);
                 let with_s = kind == ActKind::Q8_1;
-                let work = |(((q, d), (s, isum)), x): (((&mut [i8], &mut [f32]), (&mut [f32], &mut [i32])), &[f32])| {
+                let work = |(((q, d), (s, isum)), x): (
+                    ((&mut [i8], &mut [f32]), (&mut [f32], &mut [i32])),
+                    &[f32],
+                )| {
                     quantize_q8_0_row(level, x, q, d, isum);
                     if with_s {
                         // ggml: s = f16(d * sum) with the unrounded d = amax / 127

@@ -19,7 +19,12 @@ use super::{Kernel, NT};
 macro_rules! tiles {
     ($f:ident) => {
         |w: &[u8], rb: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
-            assert!(w.len() >= nr * rb && (1..=NT).contains(&nt) && t0 + nt <= a.n && out.len() >= nr * NT);
+            assert!(
+                w.len() >= nr * rb
+                    && (1..=NT).contains(&nt)
+                    && t0 + nt <= a.n
+                    && out.len() >= nr * NT
+            );
             let rmax: usize = match nt {
                 1 => 4,
                 2 => 2,
@@ -179,7 +184,13 @@ unsafe fn dot_u8_i8(u: __m256i, a: __m256i) -> __m256i {
 /// mw)` gives the unsigned (or, for Q8_0, signed) quants, the f16 scale and the f16 min; `OFF` is
 /// the weight offset, removed with the activation block sums; `AFFINE` formats add `mw · s`.
 #[inline(always)]
-unsafe fn dot_blocks32<const R: usize, const N: usize, const OFF: i32, const SIGNED: bool, const AFFINE: bool>(
+unsafe fn dot_blocks32<
+    const R: usize,
+    const N: usize,
+    const OFF: i32,
+    const SIGNED: bool,
+    const AFFINE: bool,
+>(
     w: *const u8,
     rb: usize,
     a: &Acts,
@@ -193,7 +204,8 @@ unsafe fn dot_blocks32<const R: usize, const N: usize, const OFF: i32, const SIG
     let q: [*const u8; N] = std::array::from_fn(|t| a.q(t0 + t).as_ptr() as *const u8);
     let d8: [*const f32; N] = std::array::from_fn(|t| a.d(t0 + t).as_ptr());
     let isum: [*const i32; N] = std::array::from_fn(|t| a.isum(t0 + t).as_ptr());
-    let s8: [*const f32; N] = std::array::from_fn(|t| if AFFINE { a.s(t0 + t).as_ptr() } else { d8[t] });
+    let s8: [*const f32; N] =
+        std::array::from_fn(|t| if AFFINE { a.s(t0 + t).as_ptr() } else { d8[t] });
     let mut acc = [[_mm256_setzero_ps(); N]; R];
     let mut accm = [[0f32; N]; R];
     for ib in 0..nb {
@@ -224,7 +236,8 @@ unsafe fn dot_blocks32<const R: usize, const N: usize, const OFF: i32, const SIG
                 if OFF != 0 {
                     s = _mm256_add_epi32(s, corr);
                 }
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw[r] * dy), acc[r][t]);
+                acc[r][t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw[r] * dy), acc[r][t]);
                 if AFFINE {
                     accm[r][t] += mw[r] * *s8[t].add(ib);
                 }
@@ -253,15 +266,35 @@ macro_rules! fmt32_kernel {
     };
 }
 
-fmt32_kernel!(dot_q4_0, 8, false, false, 18, |p| (nibbles_32(p.add(2)), f16_at(p), 0.0));
-fmt32_kernel!(dot_q4_1, 0, false, true, 20, |p| (nibbles_32(p.add(4)), f16_at(p), f16_at(p.add(2))));
+fmt32_kernel!(dot_q4_0, 8, false, false, 18, |p| (
+    nibbles_32(p.add(2)),
+    f16_at(p),
+    0.0
+));
+fmt32_kernel!(dot_q4_1, 0, false, true, 20, |p| (
+    nibbles_32(p.add(4)),
+    f16_at(p),
+    f16_at(p.add(2))
+));
 fmt32_kernel!(dot_q5_0, 16, false, false, 22, |p| {
-    (_mm256_or_si256(nibbles_32(p.add(6)), bits_32_as_0x10(p.add(2))), f16_at(p), 0.0)
+    (
+        _mm256_or_si256(nibbles_32(p.add(6)), bits_32_as_0x10(p.add(2))),
+        f16_at(p),
+        0.0,
+    )
 });
 fmt32_kernel!(dot_q5_1, 0, false, true, 24, |p| {
-    (_mm256_or_si256(nibbles_32(p.add(8)), bits_32_as_0x10(p.add(4))), f16_at(p), f16_at(p.add(2)))
+    (
+        _mm256_or_si256(nibbles_32(p.add(8)), bits_32_as_0x10(p.add(4))),
+        f16_at(p),
+        f16_at(p.add(2)),
+    )
 });
-fmt32_kernel!(dot_q8_0, 0, true, false, 34, |p| (load256(p.add(2)), f16_at(p), 0.0));
+fmt32_kernel!(dot_q8_0, 0, true, false, 34, |p| (
+    load256(p.add(2)),
+    f16_at(p),
+    0.0
+));
 
 /// `[m0, m0, m1, m1, …, m7, m7]` as 16 i16 (each min twice, to pair with the 16 `bsums`).
 #[inline(always)]
@@ -331,7 +364,10 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
                     let qa = q[t].add(ib * QK_K + 64 * k);
                     let p_lo = _mm256_maddubs_epi16(lo, load256(qa));
                     let p_hi = _mm256_maddubs_epi16(hi, load256(qa.add(32)));
-                    let s = _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi));
+                    let s = _mm256_add_epi32(
+                        _mm256_madd_epi16(p_lo, s_lo),
+                        _mm256_madd_epi16(p_hi, s_hi),
+                    );
                     acci[r][t] = _mm256_add_epi32(acci[r][t], s);
                 }
             }
@@ -340,7 +376,11 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
             let d = f16_at(rows[r].add(ib * bb));
             for t in 0..N {
                 let dy = *d8[t].add(ib);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[r][t]), _mm256_set1_ps(d * dy), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(acci[r][t]),
+                    _mm256_set1_ps(d * dy),
+                    acc[r][t],
+                );
             }
         }
     }
@@ -352,18 +392,36 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_q4_k<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     dot_k4::<R, N, false>(w, rb, a, t0, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_q5_k<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     dot_k4::<R, N, true>(w, rb, a, t0, out)
 }
 
 /// Q6_K over an R × N tile; the −32 offset enters the i32 accumulator first.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_q6_k<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     const BB: usize = 210;
     let nb = rb / BB;
     let rows: [*const u8; R] = std::array::from_fn(|r| w.add(r * rb));
@@ -376,11 +434,13 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &
     for ib in 0..nb {
         let mut acci = [[_mm256_setzero_si256(); N]; R];
         for r in 0..R {
-            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(rows[r].add(ib * BB + 192) as *const __m128i));
+            let sc16 =
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(rows[r].add(ib * BB + 192) as *const __m128i));
             // the −32 offset: −32 · Σ_j sc_j · bsums_j
             for t in 0..N {
                 let b = _mm256_loadu_si256(bs[t].add(16 * ib) as *const __m256i);
-                acci[r][t] = _mm256_sub_epi32(acci[r][t], _mm256_slli_epi32(_mm256_madd_epi16(sc16, b), 5));
+                acci[r][t] =
+                    _mm256_sub_epi32(acci[r][t], _mm256_slli_epi32(_mm256_madd_epi16(sc16, b), 5));
             }
         }
         for n in 0..2 {
@@ -390,7 +450,11 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &
                     let sc = p.add(192) as *const i8;
                     let ql = load256(p.add(64 * n + 32 * (g & 1)));
                     let qh = load256(p.add(128 + 32 * n));
-                    let lo = if g < 2 { _mm256_and_si256(ql, m4) } else { _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) };
+                    let lo = if g < 2 {
+                        _mm256_and_si256(ql, m4)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4)
+                    };
                     let hb = match g {
                         0 => _mm256_slli_epi16(qh, 4),
                         1 => _mm256_slli_epi16(qh, 2),
@@ -412,7 +476,11 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &
             let d = f16_at(rows[r].add(ib * BB + 208));
             for t in 0..N {
                 let dy = *d8[t].add(ib);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[r][t]), _mm256_set1_ps(d * dy), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(acci[r][t]),
+                    _mm256_set1_ps(d * dy),
+                    acc[r][t],
+                );
             }
         }
     }
@@ -474,19 +542,53 @@ unsafe fn dot_float<const R: usize, const N: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f32<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
-    dot_float::<R, N>(w, rb, a, t0, out, 4, |p| _mm256_loadu_ps(p as *const f32), |p| {
-        (p as *const f32).read_unaligned()
-    })
+unsafe fn dot_f32<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    dot_float::<R, N>(
+        w,
+        rb,
+        a,
+        t0,
+        out,
+        4,
+        |p| _mm256_loadu_ps(p as *const f32),
+        |p| (p as *const f32).read_unaligned(),
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
-    dot_float::<R, N>(w, rb, a, t0, out, 2, |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)), |p| f16_at(p))
+unsafe fn dot_f16<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    dot_float::<R, N>(
+        w,
+        rb,
+        a,
+        t0,
+        out,
+        2,
+        |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        |p| f16_at(p),
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_bf16<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_bf16<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     dot_float::<R, N>(
         w,
         rb,

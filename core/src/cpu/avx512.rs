@@ -23,7 +23,12 @@ use super::{Kernel, NT};
 macro_rules! tiles {
     ($f:ident, $r1:expr, $r2:expr, $r4:expr) => {
         |w: &[u8], rb: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
-            assert!(w.len() >= nr * rb && (1..=NT).contains(&nt) && t0 + nt <= a.n && out.len() >= nr * NT);
+            assert!(
+                w.len() >= nr * rb
+                    && (1..=NT).contains(&nt)
+                    && t0 + nt <= a.n
+                    && out.len() >= nr * NT
+            );
             let rmax: usize = match nt {
                 1 => $r1,
                 2 => $r2,
@@ -109,7 +114,10 @@ unsafe fn f16_pair(p0: *const u8, p1: *const u8) -> __m512 {
 #[inline(always)]
 unsafe fn nibbles_2x32(q0: *const u8, q1: *const u8) -> __m512i {
     let q = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(load128(q0)), load128(q1));
-    let z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(q));
+    let z = _mm512_permutexvar_epi64(
+        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+        _mm512_castsi256_si512(q),
+    );
     let z = _mm512_mask_srli_epi16::<4>(z, 0xFF00_FF00, z);
     _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
 }
@@ -118,7 +126,10 @@ unsafe fn nibbles_2x32(q0: *const u8, q1: *const u8) -> __m512i {
 #[inline(always)]
 unsafe fn nibbles_32(q: *const u8) -> __m256i {
     let t = load128(q);
-    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F))
+    _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16(t, 4), t),
+        _mm256_set1_epi8(0x0F),
+    )
 }
 
 /// A 32-element block format as the AVX-512 kernels see it.
@@ -221,7 +232,10 @@ impl Fmt32 for Q8_0 {
     const AFFINE: bool = false;
     #[inline(always)]
     unsafe fn unpack2(p: *const u8) -> __m512i {
-        let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load256(p.add(2))), load256(p.add(Self::BB + 2)));
+        let z = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load256(p.add(2))),
+            load256(p.add(Self::BB + 2)),
+        );
         _mm512_xor_si512(z, _mm512_set1_epi8(-128))
     }
     #[inline(always)]
@@ -253,7 +267,13 @@ unsafe fn dot32<F: Fmt32, const R: usize, const N: usize>(
     let base = |t: usize| (t0 + t) * np * 16;
     let dv: [*const f32; N] = std::array::from_fn(|t| a.dv[base(t)..].as_ptr());
     let nis: [*const i32; N] = std::array::from_fn(|t| a.nis[base(t)..].as_ptr());
-    let sv: [*const f32; N] = std::array::from_fn(|t| if F::AFFINE { a.sv[base(t)..].as_ptr() } else { dv[t] });
+    let sv: [*const f32; N] = std::array::from_fn(|t| {
+        if F::AFFINE {
+            a.sv[base(t)..].as_ptr()
+        } else {
+            dv[t]
+        }
+    });
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     for p in 0..np {
         let mut u = [_mm512_setzero_si512(); R];
@@ -274,7 +294,11 @@ unsafe fn dot32<F: Fmt32, const R: usize, const N: usize>(
                 Some(_) => _mm512_loadu_si512(nis[t].add(16 * p) as *const __m512i),
                 None => _mm512_setzero_si512(),
             };
-            let svt = if F::AFFINE { _mm512_loadu_ps(sv[t].add(16 * p)) } else { dvt };
+            let svt = if F::AFFINE {
+                _mm512_loadu_ps(sv[t].add(16 * p))
+            } else {
+                dvt
+            };
             for r in 0..R {
                 let s = _mm512_dpbusd_epi32(init, u[r], av);
                 let scale = _mm512_mul_ps(dw[r], dvt);
@@ -379,7 +403,9 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
         for r in 0..R {
             let b = rows[r].add(ib * bb);
             let (s, m) = k4_scales_mins(&*(b.add(4) as *const [u8; 12]));
-            sc16[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(s.as_ptr() as *const __m128i)));
+            sc16[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                s.as_ptr() as *const __m128i
+            )));
             mv[r] = mins_x2(&m);
         }
         for k in 0..4 {
@@ -393,7 +419,12 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
                         _mm512_set1_epi8((1u8 << (2 * k)) as i8),
                         _mm256_set1_epi8((2u8 << (2 * k)) as i8),
                     );
-                    u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(qh, bits), u, _mm512_set1_epi8(16));
+                    u = _mm512_mask_add_epi8(
+                        u,
+                        _mm512_test_epi8_mask(qh, bits),
+                        u,
+                        _mm512_set1_epi8(16),
+                    );
                 }
                 // [sc_2k ×16, sc_2k+1 ×16]
                 let s = _mm512_permutexvar_epi16(idx[k], sc16[r]);
@@ -409,7 +440,11 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
             let dmin = _mm512_set1_ps(-f16_at(b.add(2)));
             for t in 0..N {
                 let dy = _mm512_set1_ps(*d8[t].add(ib));
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[r][t]), _mm512_mul_ps(d, dy), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acci[r][t]),
+                    _mm512_mul_ps(d, dy),
+                    acc[r][t],
+                );
                 // the mins, in lanes 0..8
                 let bsv = load256(bs[t].add(16 * ib) as *const u8);
                 let mi = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(mv[r], bsv)));
@@ -425,19 +460,37 @@ unsafe fn dot_k4<const R: usize, const N: usize, const HIGH: bool>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_q4_k<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     dot_k4::<R, N, false>(w, rb, a, t0, out)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_q5_k<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     dot_k4::<R, N, true>(w, rb, a, t0, out)
 }
 
 /// Q6_K: R rows × N tokens. The −32 offset enters the i32 accumulator first, as
 /// `−32 · Σ_j sc_j · bsum_j`, so the block's integer sum is ggml's exactly.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_q6_k<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     const BB: usize = 210;
     let nb = rb / BB;
     let rows: [*const u8; R] = std::array::from_fn(|r| w.add(r * rb));
@@ -473,7 +526,10 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &
                     let ql = load512(b.add(64 * n));
                     let qh = _mm512_broadcast_i64x4(load256(b.add(128 + 32 * n)));
                     let u = if half == 0 {
-                        _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo_l), m30))
+                        _mm512_or_si512(
+                            _mm512_and_si512(ql, m4),
+                            _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo_l), m30),
+                        )
                     } else {
                         _mm512_or_si512(
                             _mm512_and_si512(_mm512_srli_epi64::<4>(ql), m4),
@@ -484,7 +540,8 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &
                     let s = _mm512_permutexvar_epi16(idx[m], sc16[r]);
                     for t in 0..N {
                         let av = load512(q[t].add(ib * QK_K + 64 * m));
-                        acci[r][t] = _mm512_dpwssd_epi32(acci[r][t], _mm512_maddubs_epi16(u, av), s);
+                        acci[r][t] =
+                            _mm512_dpwssd_epi32(acci[r][t], _mm512_maddubs_epi16(u, av), s);
                     }
                 }
             }
@@ -493,7 +550,11 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &
             let d = _mm512_set1_ps(f16_at(rows[r].add(ib * BB + 208)));
             for t in 0..N {
                 let dy = _mm512_set1_ps(*d8[t].add(ib));
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[r][t]), _mm512_mul_ps(d, dy), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acci[r][t]),
+                    _mm512_mul_ps(d, dy),
+                    acc[r][t],
+                );
             }
         }
     }
@@ -543,19 +604,53 @@ unsafe fn dot_float<const R: usize, const N: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_f32<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
-    dot_float::<R, N>(w, rb, a, t0, out, 4, |p| _mm512_loadu_ps(p as *const f32), |p| {
-        (p as *const f32).read_unaligned()
-    })
+unsafe fn dot_f32<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    dot_float::<R, N>(
+        w,
+        rb,
+        a,
+        t0,
+        out,
+        4,
+        |p| _mm512_loadu_ps(p as *const f32),
+        |p| (p as *const f32).read_unaligned(),
+    )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_f16<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
-    dot_float::<R, N>(w, rb, a, t0, out, 2, |p| _mm512_cvtph_ps(load256(p)), |p| f16_at(p))
+unsafe fn dot_f16<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    dot_float::<R, N>(
+        w,
+        rb,
+        a,
+        t0,
+        out,
+        2,
+        |p| _mm512_cvtph_ps(load256(p)),
+        |p| f16_at(p),
+    )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_bf16<const R: usize, const N: usize>(w: *const u8, rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+unsafe fn dot_bf16<const R: usize, const N: usize>(
+    w: *const u8,
+    rb: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
     dot_float::<R, N>(
         w,
         rb,

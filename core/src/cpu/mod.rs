@@ -17,11 +17,11 @@
 pub mod ops;
 
 mod act;
-mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod scalar;
 #[cfg(test)]
 mod tests;
 
@@ -150,7 +150,11 @@ impl Level {
         static LEVEL: OnceLock<Level> = OnceLock::new();
         *LEVEL.get_or_init(|| {
             let best = Level::detect();
-            match std::env::var("HOTCOLD_SIMD").ok().as_deref().and_then(Level::from_name) {
+            match std::env::var("HOTCOLD_SIMD")
+                .ok()
+                .as_deref()
+                .and_then(Level::from_name)
+            {
                 Some(asked) => asked.min(best),
                 None => best,
             }
@@ -246,7 +250,8 @@ pub fn dequantize_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<()> {
 
 /// A row kernel: for `nr` weight rows starting at `w` (each `rb` bytes) and the `nt` (≤ [`NT`])
 /// token rows `t0..t0+nt` of `acts`, writes `out[i * NT + t]` = dot(row `i`, token `t0 + t`).
-pub(crate) type Kernel = fn(w: &[u8], rb: usize, nr: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32]);
+pub(crate) type Kernel =
+    fn(w: &[u8], rb: usize, nr: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32]);
 
 /// Tokens per kernel call (the inner tile width).
 pub(crate) const NT: usize = 4;
@@ -274,7 +279,7 @@ fn kernel_for(level: Level, ty: GgmlType) -> Kernel {
 
 /// How far ahead of the kernel the weights are prefetched (the rows are short and DRAM latency is
 /// long: without it a single thread streams at about half the memory bandwidth).
-const PREFETCH_AHEAD: usize = 32 * 1024;
+const PREFETCH_AHEAD: usize = 4 * 1024;
 
 /// Asks for the cache line holding `p` (a no-op where there is no prefetch instruction).
 #[inline(always)]
@@ -375,7 +380,15 @@ fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f
                         pf += 64;
                     }
                 }
-                kernel(&w.data[r * rb..(r + nr) * rb], rb, nr, acts, t0, nt, &mut tile);
+                kernel(
+                    &w.data[r * rb..(r + nr) * rb],
+                    rb,
+                    nr,
+                    acts,
+                    t0,
+                    nt,
+                    &mut tile,
+                );
                 for i in 0..nr {
                     for t in 0..nt {
                         // SAFETY: (t0 + t) < n_tokens and r + i < rows, so the index is inside

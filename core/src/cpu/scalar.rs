@@ -9,8 +9,8 @@
 use half::{bf16, f16};
 
 use crate::quant::{
-    fp16_to_fp32, get_scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK, QK_K,
+    fp16_to_fp32, get_scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, GgmlType, QK, QK_K,
 };
 
 use super::act::Acts;
@@ -134,7 +134,8 @@ fn dot_q4_1(row: &[u8], a: &Acts, t: usize) -> f32 {
         let y = &q8[ib * QK..(ib + 1) * QK];
         let mut sumi = 0i32;
         for j in 0..QK / 2 {
-            sumi += (b.qs[j] & 0x0F) as i32 * y[j] as i32 + (b.qs[j] >> 4) as i32 * y[j + QK / 2] as i32;
+            sumi += (b.qs[j] & 0x0F) as i32 * y[j] as i32
+                + (b.qs[j] >> 4) as i32 * y[j + QK / 2] as i32;
         }
         sumf += (fp16_to_fp32(b.d) * d8[ib]) * sumi as f32 + fp16_to_fp32(b.m) * s8[ib];
     }
@@ -224,7 +225,8 @@ fn dot_q4_k(row: &[u8], a: &Acts, t: usize) -> f32 {
             sumi += sc as i32 * s;
             summ += m as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
         }
-        sumf += fp16_to_fp32(b.d) * d8[ib] * sumi as f32 - fp16_to_fp32(b.dmin) * d8[ib] * summ as f32;
+        sumf +=
+            fp16_to_fp32(b.d) * d8[ib] * sumi as f32 - fp16_to_fp32(b.dmin) * d8[ib] * summ as f32;
     }
     sumf
 }
@@ -252,7 +254,8 @@ fn dot_q5_k(row: &[u8], a: &Acts, t: usize) -> f32 {
             sumi += sc as i32 * s;
             summ += m as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
         }
-        sumf += fp16_to_fp32(b.d) * d8[ib] * sumi as f32 - fp16_to_fp32(b.dmin) * d8[ib] * summ as f32;
+        sumf +=
+            fp16_to_fp32(b.d) * d8[ib] * sumi as f32 - fp16_to_fp32(b.dmin) * d8[ib] * summ as f32;
     }
     sumf
 }
@@ -300,7 +303,14 @@ pub(crate) fn k4_scales_mins(scales: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
     const K3: u32 = 0x0303_0303;
-    let w = |i: usize| u32::from_le_bytes([scales[4 * i], scales[4 * i + 1], scales[4 * i + 2], scales[4 * i + 3]]);
+    let w = |i: usize| {
+        u32::from_le_bytes([
+            scales[4 * i],
+            scales[4 * i + 1],
+            scales[4 * i + 2],
+            scales[4 * i + 3],
+        ])
+    };
     let (u0, u1, u2) = (w(0), w(1), w(2));
     let s0 = u0 & K1;
     let s1 = (u2 & K2) | (((u0 >> 6) & K3) << 4);

@@ -128,9 +128,18 @@ fn scalar_matches_f32_reference_on_dequantised_weights() {
                     let e = act_error_bound(ty, xt);
                     for r in 0..rows {
                         let wr = &wf[r * cols..(r + 1) * cols];
-                        let exact: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        let mag: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                        let bound: f64 = wr.iter().zip(&e).map(|(&a, &b)| (a as f64).abs() * b as f64).sum();
+                        let exact: f64 =
+                            wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mag: f64 = wr
+                            .iter()
+                            .zip(xt)
+                            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                            .sum();
+                        let bound: f64 = wr
+                            .iter()
+                            .zip(&e)
+                            .map(|(&a, &b)| (a as f64).abs() * b as f64)
+                            .sum();
                         let tol = bound * 1.01 + 1e-5 * mag + 1e-30;
                         let got = y[t * rows + r] as f64;
                         assert!(
@@ -187,9 +196,17 @@ fn unit_scale_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> V
         let mut b = rng.bytes(bb);
         match ty {
             GgmlType::F32 => b = (rng.int(-20, 20) as f32).to_le_bytes().to_vec(),
-            GgmlType::F16 => b = f16::from_f32(rng.int(-20, 20) as f32).to_bits().to_le_bytes().to_vec(),
+            GgmlType::F16 => {
+                b = f16::from_f32(rng.int(-20, 20) as f32)
+                    .to_bits()
+                    .to_le_bytes()
+                    .to_vec()
+            }
             GgmlType::BF16 => {
-                b = half::bf16::from_f32(rng.int(-20, 20) as f32).to_bits().to_le_bytes().to_vec()
+                b = half::bf16::from_f32(rng.int(-20, 20) as f32)
+                    .to_bits()
+                    .to_le_bytes()
+                    .to_vec()
             }
             // d first
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => b[..2].copy_from_slice(&one),
@@ -231,7 +248,12 @@ fn simd_integer_parts_are_exact() {
             32 => &[256, 288, 32],
             _ => &[96, 23],
         };
-        for (&cols, &(rows, n)) in cols_list.iter().cycle().zip(&[(1, 1), (9, 1), (6, 3), (5, 17), (3, 2), (8, 4)]) {
+        for (&cols, &(rows, n)) in
+            cols_list
+                .iter()
+                .cycle()
+                .zip(&[(1, 1), (9, 1), (6, 3), (5, 17), (3, 2), (8, 4)])
+        {
             let data = unit_scale_matrix(&mut rng, ty, rows, cols);
             let w = Matrix::new(ty, rows, cols, &data).unwrap();
             let x = unit_scale_acts(&mut rng, n * cols);
@@ -239,7 +261,11 @@ fn simd_integer_parts_are_exact() {
             for simd in levels().into_iter().skip(1) {
                 let y = run(simd, &w, &x, n);
                 for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{simd} {ty} {rows}x{cols} n={n} output {i}: {a} vs {b}");
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{simd} {ty} {rows}x{cols} n={n} output {i}: {a} vs {b}"
+                    );
                     assert_eq!(a.fract(), 0.0, "{ty}: not an integer");
                 }
             }
@@ -257,7 +283,10 @@ fn results_do_not_depend_on_thread_count() {
         let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
         let mut outs = Vec::new();
         for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             let mut y = vec![0f32; n * rows];
             pool.install(|| matmul(&w, &x, n, &mut y)).unwrap();
             outs.push(y);
@@ -345,7 +374,12 @@ fn zero_activations_give_zero() {
         let data = random_matrix(&mut rng, ty, 3, cols);
         let w = Matrix::new(ty, 3, cols, &data).unwrap();
         for simd in levels() {
-            assert!(run(simd, &w, &vec![0f32; 2 * cols], 2).iter().all(|&v| v == 0.0), "{simd} {ty}");
+            assert!(
+                run(simd, &w, &vec![0f32; 2 * cols], 2)
+                    .iter()
+                    .all(|&v| v == 0.0),
+                "{simd} {ty}"
+            );
         }
     }
 }

@@ -2,9 +2,11 @@
 //! LM head; the KV cache; sessions.
 
 mod attention;
+mod generate;
 mod kv_cache;
 mod session;
 
+pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::KvCache;
 pub use session::{Logits, Session};
 

@@ -95,7 +95,10 @@ fn tokenizers_and_templates_can_be_shared_across_threads() {
     shared::<ChatTemplate>();
     let tok = spm(HELLO);
     let debug = format!("{tok:?}");
-    assert!(debug.contains("vocab_size: 281") && debug.len() < 400, "{debug}");
+    assert!(
+        debug.contains("vocab_size: 281") && debug.len() < 400,
+        "{debug}"
+    );
 }
 
 #[test]

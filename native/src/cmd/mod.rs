@@ -1,4 +1,9 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod chat;
+pub mod common;
 pub mod inspect;
 pub mod model_arg;
+pub mod perplexity;
+pub mod run;

@@ -1,0 +1,111 @@
+//! Flags and set-up shared by the subcommands that run a model.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use hotcold_core::engine::thread_pool;
+use hotcold_core::model::Model;
+use hotcold_core::models::DefaultModel;
+use hotcold_core::sample::SamplerConfig;
+use hotcold_core::tokenizer::Tokenizer;
+
+use super::model_arg;
+
+/// `-m`, `-t`, `-c`: which model, how many threads, how much context.
+#[derive(clap::Args, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: the cached default model of the subcommand).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's training context, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+}
+
+/// Sampling flags, with llama.cpp's names and defaults.
+#[derive(clap::Args, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back on.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed (default: from the clock).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The sampler settings these flags describe.
+    pub fn config(&self) -> SamplerConfig {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        }
+    }
+}
+
+/// A model ready to run: weights, tokenizer, thread pool, context size.
+pub struct Loaded {
+    /// The weights.
+    pub model: Model,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The kernels' threads.
+    pub pool: Arc<rayon::ThreadPool>,
+    /// Context size.
+    pub n_ctx: usize,
+    /// Seconds the load took.
+    pub load_secs: f64,
+}
+
+impl ModelArgs {
+    /// Loads the model (or `default`) with these flags.
+    pub fn load(&self, default: DefaultModel) -> anyhow::Result<Loaded> {
+        let start = Instant::now();
+        let path = model_arg::resolve(self.model.clone(), default)?;
+        let model = Model::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
+        let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
+        let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        anyhow::ensure!(threads > 0, "-t must be at least 1");
+        let pool = thread_pool(threads)?;
+        let n_ctx = self.ctx_size.unwrap_or(model.hp.n_ctx_train.min(4096));
+        anyhow::ensure!(n_ctx > 0, "-c must be at least 1");
+        Ok(Loaded {
+            model,
+            tokenizer,
+            pool,
+            n_ctx,
+            load_secs: start.elapsed().as_secs_f64(),
+        })
+    }
+}
