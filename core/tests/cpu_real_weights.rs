@@ -108,7 +108,7 @@ fn lm_head_rows_match_dequantised_reference() {
     let mut y = vec![0f32; rows];
     matmul(&w, &x, 1, &mut y).unwrap();
     let mut row = vec![0f32; cols];
-    for r in 0..rows {
+    for (r, &got) in y.iter().enumerate() {
         dequantize_row(&w, r, &mut row).unwrap();
         let exact: f64 = row.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
         let mag: f64 = row
@@ -117,9 +117,8 @@ fn lm_head_rows_match_dequantised_reference() {
             .map(|(&a, &b)| (a as f64 * b as f64).abs())
             .sum();
         assert!(
-            (y[r] as f64 - exact).abs() <= 1e-2 * mag,
-            "row {r}: {} vs {exact}",
-            y[r]
+            (got as f64 - exact).abs() <= 1e-2 * mag,
+            "row {r}: {got} vs {exact}"
         );
     }
 }

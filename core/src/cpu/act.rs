@@ -20,6 +20,17 @@ use crate::quant::{
 
 use super::Level;
 
+/// One token row's Q8_0/Q8_1 outputs (quants, scales, `s`, integer sums) and its input.
+type Q8Row<'a> = (
+    (
+        (&'a mut [i8], &'a mut [f32]),
+        (&'a mut [f32], &'a mut [i32]),
+    ),
+    &'a [f32],
+);
+/// One token row's Q8_K outputs (quants, scales, bsums) and its input.
+type Q8KRow<'a> = ((&'a mut [i8], &'a mut [f32]), (&'a mut [i16], &'a [f32]));
+
 /// Which format the activations are quantised to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum ActKind {
@@ -111,6 +122,7 @@ impl Acts {
 
     /// Integer block sums of token `t` (Q8_0, Q8_1).
     #[inline]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn isum(&self, t: usize) -> &[i32] {
         let nb = self.nb();
         &self.isum[t * nb..(t + 1) * nb]
@@ -172,10 +184,7 @@ impl Acts {
                 resize(&mut self.s, n * nb);
                 resize(&mut self.isum, n * nb);
                 let with_s = kind == ActKind::Q8_1;
-                let work = |(((q, d), (s, isum)), x): (
-                    ((&mut [i8], &mut [f32]), (&mut [f32], &mut [i32])),
-                    &[f32],
-                )| {
+                let work = |(((q, d), (s, isum)), x): Q8Row| {
                     quantize_q8_0_row(level, x, q, d, isum);
                     if with_s {
                         // ggml: s = f16(d * sum) with the unrounded d = amax / 127
@@ -208,9 +217,7 @@ impl Acts {
                 resize(&mut self.q, n * cols);
                 resize(&mut self.d, n * nb);
                 resize(&mut self.bsums, n * nb * 16);
-                let work = |((q, d), (bs, x)): ((&mut [i8], &mut [f32]), (&mut [i16], &[f32]))| {
-                    quantize_q8k_row(x, q, d, bs)
-                };
+                let work = |((q, d), (bs, x)): Q8KRow| quantize_q8k_row(x, q, d, bs);
                 if par {
                     self.q
                         .par_chunks_mut(cols)

@@ -5,6 +5,9 @@
 //! `q − 16`, Q6_K's `q − 32`) are multiplied unsigned (`maddubs`) and the offset is removed in the
 //! integer domain with the activation block sums, before any conversion to float.
 
+// Index loops over the const-generic tile dimensions read more plainly than zipped iterators.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use crate::quant::{fp16_to_fp32, fp32_to_fp16, GgmlType, QK, QK_K};

@@ -9,6 +9,9 @@
 //!   accumulation over the whole super-block, the mins (or Q6_K's −32) from the Q8_K `bsums`.
 //! - F32 / F16 / BF16: 16-wide FMAs.
 
+// Index loops over the const-generic tile dimensions read more plainly than zipped iterators.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use crate::quant::{GgmlType, QK, QK_K};
@@ -567,6 +570,7 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(
 
 /// Float rows: `load16(p)` gives 16 weights from `p` as f32, `one(p)` a single weight.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dot_float<const R: usize, const N: usize>(
     w: *const u8,
     rb: usize,

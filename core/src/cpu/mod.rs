@@ -401,8 +401,8 @@ fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f
             t0 += nt;
         }
     };
-    if n_chunks == 1 {
-        task(0);
+    if n_chunks == 1 || threads == 1 {
+        (0..n_chunks).for_each(task);
     } else {
         (0..n_chunks).into_par_iter().for_each(task);
     }

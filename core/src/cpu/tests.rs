@@ -357,7 +357,7 @@ fn bad_arguments_are_errors() {
     assert!(matmul(&w, &[], 0, &mut []).is_ok());
     // a hand-built, inconsistent matrix
     let bad = Matrix { rows: 5, ..w };
-    assert!(matmul(&bad, &x, 2, &mut vec![0f32; 10]).is_err());
+    assert!(matmul(&bad, &x, 2, &mut [0f32; 10]).is_err());
     assert!(matmul_with_simd("sse9", &w, &x, 2, &mut y).is_err());
 }
 

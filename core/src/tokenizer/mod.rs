@@ -16,7 +16,7 @@
 //! [`ChatTemplate`] renders a model's Jinja chat template (or its family's known format).
 //!
 //! Hostile metadata (mismatched array lengths, merges naming unknown tokens, out-of-range special
-//! ids) is reported as an [`Error`](crate::Error), never a panic.
+//! ids) is reported as an [`Error`](crate::Error::Metadata), never a panic.
 
 mod bpe;
 mod byte_level;

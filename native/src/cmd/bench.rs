@@ -59,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?;
         report(format!("pp{}", args.n_prompt), &rates);
     }
+    let mut tg_mean = None;
     if args.n_gen > 0 {
         let rates: Vec<f64> = (0..args.repetitions)
             .map(|_| {
@@ -71,11 +72,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?;
         report(format!("tg{}", args.n_gen), &rates);
+        tg_mean = Some(rates.iter().sum::<f64>() / rates.len() as f64);
     }
     let bytes = model.bytes_per_token();
+    let bandwidth = loaded.pool.install(|| read_bandwidth(model));
+    let roofline = bandwidth / bytes as f64;
     println!(
-        "\nweights read per decoded token: {:.1} MiB",
-        bytes as f64 / (1 << 20) as f64
+        "\nweights read per decoded token: {:.1} MiB; memory read bandwidth ({threads} threads, streaming the weights): {:.2} GB/s; decode roofline {:.1} tok/s",
+        bytes as f64 / (1 << 20) as f64,
+        bandwidth / 1e9,
+        roofline
     );
+    if let Some(tg) = tg_mean {
+        println!("tg{} = {:.1}% of the roofline", args.n_gen, 100.0 * tg / roofline);
+    }
     Ok(())
+}
+
+/// Bytes per second at which the pool's threads can read the model's weights (best of three
+/// passes over every tensor).
+fn read_bandwidth(model: &hotcold_core::model::Model) -> f64 {
+    use rayon::prelude::*;
+    let file = model.file();
+    let tensors: Vec<&[u8]> = file.tensors().iter().map(|t| file.tensor_data(t)).collect();
+    let total: usize = tensors.iter().map(|t| t.len()).sum();
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let sum: u64 = tensors
+            .par_iter()
+            .flat_map(|t| t.par_chunks(1 << 16))
+            .map(|chunk| {
+                let mut acc = [0u64; 8];
+                for block in chunk.chunks_exact(64) {
+                    for (a, word) in acc.iter_mut().zip(block.chunks_exact(8)) {
+                        *a = a.wrapping_add(u64::from_le_bytes(word.try_into().unwrap()));
+                    }
+                }
+                acc.iter().fold(0u64, |x, &y| x.wrapping_add(y))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    total as f64 / best
 }
