@@ -72,3 +72,35 @@ fn unknown_architecture_is_a_clear_error() {
     assert!(stderr.contains("unsupported architecture \"mamba\"") && stderr.contains("gemma3"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn chat_holds_a_conversation_and_reuses_the_cache() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hotcold"))
+        .args(["chat", "-m", &model(DefaultModel::Qwen25Coder05bInstruct), "--temp", "0", "-n", "120", "-t", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Write a Python function that returns the square of a number.\nNow make it cube instead.\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (first, second) = text.split_once("\n> ").and_then(|(_, rest)| rest.split_once("\n> ")).unwrap();
+    assert!(first.contains("def ") && first.contains("** 2"), "{first}");
+    assert!(second.contains("** 3"), "the second turn must see the first: {second}");
+    // The second turn evaluates only what the first did not leave in the cache.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let prompt_counts: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix('[')?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(prompt_counts.len(), 2, "{stderr}");
+    assert!(prompt_counts[1] < 30, "second turn re-evaluated {} tokens", prompt_counts[1]);
+}

@@ -217,7 +217,7 @@ impl Acts {
                 resize(&mut self.q, n * cols);
                 resize(&mut self.d, n * nb);
                 resize(&mut self.bsums, n * nb * 16);
-                let work = |((q, d), (bs, x)): Q8KRow| quantize_q8k_row(x, q, d, bs);
+                let work = |((q, d), (bs, x)): Q8KRow| quantize_q8k_row(level, x, q, d, bs);
                 if par {
                     self.q
                         .par_chunks_mut(cols)
@@ -276,7 +276,7 @@ fn absmax(x: &[f32]) -> f32 {
 fn quantize_q8_0_row(level: Level, x: &[f32], q: &mut [i8], d: &mut [f32], isum: &mut [i32]) {
     #[cfg(target_arch = "x86_64")]
     if level >= Level::Avx2 {
-        // SAFETY: AVX2 was detected (a level is only ever at most the detected one).
+        // SAFETY: AVX2 and F16C were detected (a level is only ever at most the detected one).
         unsafe { super::avx2::quantize_q8_0_row(x, q, d, isum) };
         return;
     }
@@ -300,17 +300,35 @@ fn quantize_q8_0_row(level: Level, x: &[f32], q: &mut [i8], d: &mut [f32], isum:
     }
 }
 
-/// One token row to Q8_K (ggml's `quantize_row_q8_K_ref`).
-fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+/// One token row to Q8_K (ggml's `quantize_row_q8_K_ref`; the AVX2 version is bit-exact).
+pub(crate) fn quantize_q8k_row(
+    level: Level,
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    bsums: &mut [i16],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx2 {
+        // SAFETY: AVX2 was detected (a level is only ever at most the detected one).
+        unsafe { super::avx2::quantize_q8k_row(x, q, d, bsums) };
+        return;
+    }
+    let _ = level;
     for (((x, q), d), bs) in x
         .chunks_exact(QK_K)
         .zip(q.chunks_exact_mut(QK_K))
         .zip(d.iter_mut())
         .zip(bsums.chunks_exact_mut(16))
     {
-        let b = BlockQ8K::quantize(x);
-        q.copy_from_slice(&b.qs);
-        *d = b.d;
-        bs.copy_from_slice(&b.bsums);
+        quantize_q8k_block_scalar(x, q, d, bs);
     }
+}
+
+/// One Q8_K block by [`crate::quant`]'s reference quantiser.
+pub(crate) fn quantize_q8k_block_scalar(x: &[f32], q: &mut [i8], d: &mut f32, bsums: &mut [i16]) {
+    let b = BlockQ8K::quantize(x);
+    q.copy_from_slice(&b.qs);
+    *d = b.d;
+    bsums.copy_from_slice(&b.bsums);
 }

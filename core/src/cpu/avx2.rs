@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::{fp16_to_fp32, fp32_to_fp16, GgmlType, QK, QK_K};
+use crate::quant::{GgmlType, QK, QK_K};
 
 use super::act::Acts;
 use super::scalar::k4_scales_mins;
@@ -82,8 +82,8 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
 /// ggml's AVX2 `quantize_row_q8_0` for one token row: quants, f16-rounded scales, block sums.
 ///
 /// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
+/// The CPU must support AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn quantize_q8_0_row(x: &[f32], q: &mut [i8], d: &mut [f32], isum: &mut [i32]) {
     let nb = x.len() / QK;
     assert!(q.len() >= nb * QK && d.len() >= nb && isum.len() >= nb);
@@ -103,7 +103,7 @@ pub(crate) unsafe fn quantize_q8_0_row(x: &[f32], q: &mut [i8], d: &mut [f32], i
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         let amax = _mm_cvtss_f32(m4);
-        d[i] = fp16_to_fp32(fp32_to_fp16(amax / 127.0));
+        d[i] = round_f16(amax / 127.0);
         let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
         const RN: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         let i0 = _mm256_cvtps_epi32(_mm256_round_ps::<RN>(_mm256_mul_ps(v0, id)));
@@ -121,6 +121,86 @@ pub(crate) unsafe fn quantize_q8_0_row(x: &[f32], q: &mut [i8], d: &mut [f32], i
         );
         isum[i] = hsum_i32_8(_mm256_madd_epi16(wide, _mm256_set1_epi16(1)));
     }
+}
+
+/// ggml's `quantize_row_q8_K_ref` for one token row, bit-exact: the scale from the first value of
+/// largest magnitude (`iscale = −127 / max`), quants `min(127, round_half_even(iscale · x))`
+/// (ggml's `nearest_int`), `d = 1 / iscale`, and the sums of each 16 quants.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    let nb = x.len() / QK_K;
+    assert!(q.len() >= nb * QK_K && d.len() >= nb && bsums.len() >= nb * 16);
+    let sign = _mm256_set1_ps(-0.0);
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for i in 0..nb {
+        let p = x.as_ptr().add(i * QK_K);
+        let mut m = _mm256_setzero_ps();
+        let mut nan = _mm256_setzero_ps();
+        for j in 0..QK_K / 8 {
+            let v = _mm256_loadu_ps(p.add(8 * j));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        let mut m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let amax = _mm_cvtss_f32(m4);
+        let qo = q.as_mut_ptr().add(i * QK_K);
+        if !(amax > 0.0 && amax.is_finite()) || _mm256_movemask_ps(nan) != 0 {
+            // all zero (d = 0, quants 0), or a NaN or infinity: the reference's way
+            super::act::quantize_q8k_block_scalar(
+                std::slice::from_raw_parts(p, QK_K),
+                std::slice::from_raw_parts_mut(qo, QK_K),
+                &mut d[i],
+                &mut bsums[16 * i..16 * i + 16],
+            );
+            continue;
+        }
+        // the first value whose magnitude is amax
+        let target = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for j in 0..QK_K / 8 {
+            let v = _mm256_loadu_ps(p.add(8 * j));
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                _mm256_andnot_ps(sign, v),
+                target,
+            ));
+            if hit != 0 {
+                max = *p.add(8 * j + hit.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let sc = _mm256_set1_ps(iscale);
+        let top = _mm256_set1_epi32(127);
+        for j in 0..QK_K / 32 {
+            let v = |k: usize| {
+                // cvtps rounds half to even (the default MXCSR mode), as nearest_int does
+                _mm256_min_epi32(
+                    _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(32 * j + 8 * k)), sc)),
+                    top,
+                )
+            };
+            let (i0, i1, i2, i3) = (v(0), v(1), v(2), v(3));
+            bsums[16 * i + 2 * j] = hsum_i32_8(_mm256_add_epi32(i0, i1)) as i16;
+            bsums[16 * i + 2 * j + 1] = hsum_i32_8(_mm256_add_epi32(i2, i3)) as i16;
+            let a = _mm256_packs_epi32(i0, i1);
+            let b = _mm256_packs_epi32(i2, i3);
+            let packed = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), perm);
+            _mm256_storeu_si256(qo.add(32 * j) as *mut __m256i, packed);
+        }
+        d[i] = 1.0 / iscale;
+    }
+}
+
+/// `x` rounded to the nearest f16 (ties to even, as ggml's conversion), back as f32. A NaN stays
+/// a NaN (its payload may differ from ggml's canonical one).
+#[inline(always)]
+unsafe fn round_f16(x: f32) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))))
 }
 
 /// Horizontal sum of 8 i32 lanes.

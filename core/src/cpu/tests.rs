@@ -383,3 +383,64 @@ fn zero_activations_give_zero() {
         }
     }
 }
+
+#[test]
+fn simd_activation_quantisers_are_bit_exact() {
+    use super::act::{quantize_q8k_row, Acts};
+    let mut rng = Rng(0xabcdef);
+    let cols = 1024;
+    let mut rows: Vec<Vec<f32>> = (0..40)
+        .map(|i| {
+            (0..cols)
+                .map(|j| match i % 5 {
+                    0 => rng.f() * 10.0,
+                    // small integers: many exact ties at .5 after scaling
+                    1 => (rng.int(-40, 40) as f32) * 0.5,
+                    2 => {
+                        if j % 7 == 0 {
+                            0.0
+                        } else {
+                            rng.f() * 1e-3
+                        }
+                    }
+                    3 => rng.f() * 1e6,
+                    _ => (rng.int(-127, 127) as f32) * 0.25,
+                })
+                .collect()
+        })
+        .collect();
+    rows.push(vec![0.0; cols]);
+    // the largest magnitude first negative, then positive, and vice versa
+    let mut r = vec![1.0f32; cols];
+    r[3] = -5.0;
+    r[9] = 5.0;
+    rows.push(r.clone());
+    r[3] = 5.0;
+    r[9] = -5.0;
+    rows.push(r);
+    let mut r = vec![0.5f32; cols];
+    r[100] = f32::NAN;
+    r[300] = f32::INFINITY;
+    rows.push(r);
+    for x in &rows {
+        let nb = cols / 256;
+        let (mut q0, mut d0, mut b0) = (vec![0i8; cols], vec![0f32; nb], vec![0i16; nb * 16]);
+        let (mut q1, mut d1, mut b1) = (q0.clone(), d0.clone(), b0.clone());
+        quantize_q8k_row(Level::Scalar, x, &mut q0, &mut d0, &mut b0);
+        quantize_q8k_row(Level::current(), x, &mut q1, &mut d1, &mut b1);
+        assert_eq!(q0, q1);
+        assert_eq!(
+            d0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(b0, b1);
+        let (mut s, mut v) = (Acts::default(), Acts::default());
+        s.quantize(Level::Scalar, ActKind::Q8_0, 0, x, 1, cols);
+        v.quantize(Level::current(), ActKind::Q8_0, 0, x, 1, cols);
+        if x.iter().all(|v| v.is_finite()) {
+            assert_eq!(s.q, v.q);
+            assert_eq!(s.d, v.d);
+            assert_eq!(s.isum, v.isum);
+        }
+    }
+}
