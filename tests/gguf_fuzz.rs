@@ -27,8 +27,14 @@ fn seeds_are_valid_files() {
 #[test]
 fn mutated_real_files_never_panic() {
     let (ok, rejected) = fuzz(&seeds(), 20_000, 1);
-    assert!(rejected > 10_000, "most mutations should be rejected ({ok} parsed, {rejected} rejected)");
-    assert!(ok > 0, "some mutations (e.g. in tensor data) leave a valid file");
+    assert!(
+        rejected > 10_000,
+        "most mutations should be rejected ({ok} parsed, {rejected} rejected)"
+    );
+    assert!(
+        ok > 0,
+        "some mutations (e.g. in tensor data) leave a valid file"
+    );
 }
 
 #[test]
@@ -36,7 +42,10 @@ fn every_header_truncation_of_a_real_file_is_an_error() {
     for seed in seeds() {
         let data_offset = GgufFile::from_bytes(seed.clone()).unwrap().data_offset() as usize;
         for len in (0..data_offset).step_by(7) {
-            assert!(GgufFile::from_bytes(seed[..len].to_vec()).is_err(), "cut at {len}");
+            assert!(
+                GgufFile::from_bytes(seed[..len].to_vec()).is_err(),
+                "cut at {len}"
+            );
         }
     }
 }
@@ -44,9 +53,18 @@ fn every_header_truncation_of_a_real_file_is_an_error() {
 #[test]
 #[ignore = "long fuzz loop, run by hand"]
 fn long_fuzz_loop() {
-    let iters = std::env::var("HOTCOLD_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let seed = std::env::var("HOTCOLD_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(42);
+    let iters = std::env::var("HOTCOLD_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let seed = std::env::var("HOTCOLD_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(42);
     let start = std::time::Instant::now();
     let (ok, rejected) = fuzz(&seeds(), iters, seed);
-    eprintln!("{iters} executions in {:?}: {ok} parsed, {rejected} rejected, 0 panics", start.elapsed());
+    eprintln!(
+        "{iters} executions in {:?}: {ok} parsed, {rejected} rejected, 0 panics",
+        start.elapsed()
+    );
 }

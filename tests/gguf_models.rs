@@ -25,8 +25,14 @@ fn gemma_facts() {
     assert_eq!(u(&file, "gemma3.attention.head_count"), 4);
     assert_eq!(u(&file, "gemma3.attention.head_count_kv"), 1);
     assert_eq!(u(&file, "gemma3.attention.key_length"), 256);
-    assert!(file.tensor("output.weight").is_none(), "the LM head is tied to the embedding");
-    assert_eq!(file.require_tensor("token_embd.weight").unwrap().ty, GgmlType::Q8_0);
+    assert!(
+        file.tensor("output.weight").is_none(),
+        "the LM head is tied to the embedding"
+    );
+    assert_eq!(
+        file.require_tensor("token_embd.weight").unwrap().ty,
+        GgmlType::Q8_0
+    );
     assert_eq!(file.require_str("tokenizer.ggml.model").unwrap(), "llama");
     let tokens = file.get_array("tokenizer.ggml.tokens").unwrap().unwrap();
     assert_eq!(tokens.len(), 262_144);
@@ -47,8 +53,20 @@ fn qwen_facts() {
     assert_eq!(u(&file, "qwen2.attention.head_count_kv"), 2);
     assert_eq!(file.require_str("tokenizer.ggml.model").unwrap(), "gpt2");
     assert_eq!(file.require_str("tokenizer.ggml.pre").unwrap(), "qwen2");
-    assert_eq!(file.get_array("tokenizer.ggml.tokens").unwrap().unwrap().len(), 151_936);
-    assert_eq!(file.get_array("tokenizer.ggml.merges").unwrap().unwrap().len(), 151_387);
+    assert_eq!(
+        file.get_array("tokenizer.ggml.tokens")
+            .unwrap()
+            .unwrap()
+            .len(),
+        151_936
+    );
+    assert_eq!(
+        file.get_array("tokenizer.ggml.merges")
+            .unwrap()
+            .unwrap()
+            .len(),
+        151_387
+    );
     assert!(file.get_str("tokenizer.chat_template").unwrap().is_some());
 }
 
@@ -65,7 +83,12 @@ fn tensor_tables_match_the_gguf_package() {
             .tensors()
             .iter()
             .map(|t| {
-                let shape = t.shape.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
+                let shape = t
+                    .shape
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join("x");
                 format!(
                     "{}\t{}\t{shape}\t{}\t{}",
                     t.name,
@@ -87,7 +110,11 @@ fn real_files_round_trip_byte_for_byte() {
         let original = std::fs::read(&path).unwrap();
         let file = GgufFile::open(&path).unwrap();
         let written = GgufWriter::from_file(&file).to_bytes().unwrap();
-        assert!(written == original, "{}: rewritten file differs", model.name());
+        assert!(
+            written == original,
+            "{}: rewritten file differs",
+            model.name()
+        );
         let reread = GgufFile::from_bytes(written).unwrap();
         assert_eq!(reread.metadata(), file.metadata());
         assert_eq!(reread.tensors(), file.tensors());

@@ -30,7 +30,11 @@ fn references(name: &str) -> Vec<Value> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn check_model(model: DefaultModel, reference: &str) {
@@ -48,7 +52,11 @@ fn check_model(model: DefaultModel, reference: &str) {
         let mut logits = session.eval(&prompt, Logits::Last).unwrap();
         let mut worst = 0f32;
         // Follow llama.cpp's tokens, so that the logits of every checked step are comparable.
-        for (step, &theirs_next) in expected.iter().enumerate().take(must_agree.max(top_logits.len())) {
+        for (step, &theirs_next) in expected
+            .iter()
+            .enumerate()
+            .take(must_agree.max(top_logits.len()))
+        {
             if let Some(top) = top_logits.get(step) {
                 for pair in top.as_array().unwrap() {
                     let id = pair[0].as_u64().unwrap() as usize;
@@ -67,9 +75,16 @@ fn check_model(model: DefaultModel, reference: &str) {
             }
             logits = session.eval(&[theirs_next], Logits::Last).unwrap();
         }
-        assert!(worst <= LOGIT_TOLERANCE, "prompt {:?}: top logits differ by up to {worst}", r["prompt"]);
+        assert!(
+            worst <= LOGIT_TOLERANCE,
+            "prompt {:?}: top logits differ by up to {worst}",
+            r["prompt"]
+        );
         let n = must_agree;
-        eprintln!("{:?}: {n} greedy tokens equal, top-logit max |diff| {worst:.4}", r["prompt"]);
+        eprintln!(
+            "{:?}: {n} greedy tokens equal, top-logit max |diff| {worst:.4}",
+            r["prompt"]
+        );
     }
 }
 
@@ -80,5 +95,8 @@ fn gemma_matches_llama_cpp() {
 
 #[test]
 fn qwen_matches_llama_cpp() {
-    check_model(DefaultModel::Qwen25Coder05bInstruct, "qwen2.5-coder-0.5b-instruct");
+    check_model(
+        DefaultModel::Qwen25Coder05bInstruct,
+        "qwen2.5-coder-0.5b-instruct",
+    );
 }

@@ -15,7 +15,10 @@ pub enum DefaultModel {
 
 impl DefaultModel {
     /// Both models.
-    pub const ALL: [DefaultModel; 2] = [DefaultModel::Gemma3_270m, DefaultModel::Qwen25Coder05bInstruct];
+    pub const ALL: [DefaultModel; 2] = [
+        DefaultModel::Gemma3_270m,
+        DefaultModel::Qwen25Coder05bInstruct,
+    ];
 
     /// Short name used in messages.
     pub fn name(self) -> &'static str {

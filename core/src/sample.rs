@@ -82,8 +82,13 @@ impl Sampler {
         if c.temperature <= 0.0 {
             return argmax(&logits);
         }
-        let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let mut cands: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if c.top_k > 0 && c.top_k < cands.len() {
             cands.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
             cands.truncate(c.top_k);

@@ -7,7 +7,10 @@ use std::process::{Command, Output};
 use hotcold_core::models::DefaultModel;
 
 fn hotcold(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hotcold")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_hotcold"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn model(m: DefaultModel) -> String {
@@ -28,7 +31,11 @@ fn reference_table(m: DefaultModel) -> String {
 fn json_lists_every_tensor_as_the_gguf_package_does() {
     for m in DefaultModel::ALL {
         let out = hotcold(&["inspect", &model(m), "--json"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["format"], "GGUF");
         assert!(v["metadata"]["general.architecture"]["value"].is_string());
@@ -37,7 +44,12 @@ fn json_lists_every_tensor_as_the_gguf_package_does() {
             .unwrap()
             .iter()
             .map(|t| {
-                let shape: Vec<String> = t["shape"].as_array().unwrap().iter().map(|d| d.to_string()).collect();
+                let shape: Vec<String> = t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect();
                 format!(
                     "{}\t{}\t{}\t{}\t{}",
                     t["name"].as_str().unwrap(),

@@ -17,5 +17,7 @@ pub fn model_path(model: DefaultModel) -> PathBuf {
 
 /// A file under `tests/data/`.
 pub fn data_path(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(relative)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(relative)
 }

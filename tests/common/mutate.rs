@@ -22,7 +22,18 @@ impl Rng {
     }
 }
 
-const INTERESTING_U64: [u64; 10] = [0, 1, 7, 31, 255, 1 << 31, 1 << 40, 1 << 60, u64::MAX - 1, u64::MAX];
+const INTERESTING_U64: [u64; 10] = [
+    0,
+    1,
+    7,
+    31,
+    255,
+    1 << 31,
+    1 << 40,
+    1 << 60,
+    u64::MAX - 1,
+    u64::MAX,
+];
 
 /// A small file with the structure of a real model: all of `real`'s metadata keys (its big arrays
 /// cut to 64 entries) and its tensor infos, with the tensor data replaced by the first few tensors
@@ -31,9 +42,15 @@ pub fn shrink_real_file(real: &GgufFile, budget: usize) -> Vec<u8> {
     let mut w = GgufWriter::new(real.magic());
     for (key, value) in real.metadata() {
         let value = match value {
-            MetaValue::Array(MetaArray::String(v)) => MetaValue::Array(MetaArray::String(v[..v.len().min(64)].to_vec())),
-            MetaValue::Array(MetaArray::F32(v)) => MetaValue::Array(MetaArray::F32(v[..v.len().min(64)].to_vec())),
-            MetaValue::Array(MetaArray::I32(v)) => MetaValue::Array(MetaArray::I32(v[..v.len().min(64)].to_vec())),
+            MetaValue::Array(MetaArray::String(v)) => {
+                MetaValue::Array(MetaArray::String(v[..v.len().min(64)].to_vec()))
+            }
+            MetaValue::Array(MetaArray::F32(v)) => {
+                MetaValue::Array(MetaArray::F32(v[..v.len().min(64)].to_vec()))
+            }
+            MetaValue::Array(MetaArray::I32(v)) => {
+                MetaValue::Array(MetaArray::I32(v[..v.len().min(64)].to_vec()))
+            }
             other => other.clone(),
         };
         w.set(key.clone(), value);
@@ -44,7 +61,8 @@ pub fn shrink_real_file(real: &GgufFile, budget: usize) -> Vec<u8> {
             continue;
         }
         used += t.n_bytes as usize;
-        w.add_tensor(t.name.clone(), t.ty, &t.shape, real.tensor_data(t)).unwrap();
+        w.add_tensor(t.name.clone(), t.ty, &t.shape, real.tensor_data(t))
+            .unwrap();
     }
     w.to_bytes().unwrap()
 }
@@ -52,7 +70,11 @@ pub fn shrink_real_file(real: &GgufFile, budget: usize) -> Vec<u8> {
 /// Applies one to four random mutations to `bytes`, most of them in the first `header_len` bytes.
 pub fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>, header_len: usize) {
     for _ in 0..1 + rng.below(4) {
-        let region = if rng.below(10) < 8 { header_len.min(bytes.len()) } else { bytes.len() };
+        let region = if rng.below(10) < 8 {
+            header_len.min(bytes.len())
+        } else {
+            bytes.len()
+        };
         if region == 0 {
             bytes.push(rng.next() as u8);
             continue;
@@ -109,7 +131,9 @@ pub fn fuzz(seeds: &[Vec<u8>], iterations: u64, seed: u64) -> (u64, u64) {
     let (mut ok, mut rejected) = (0, 0);
     for i in 0..iterations {
         let base = &seeds[i as usize % seeds.len()];
-        let header_len = GgufFile::from_bytes(base.clone()).map(|f| f.data_offset() as usize).unwrap_or(base.len());
+        let header_len = GgufFile::from_bytes(base.clone())
+            .map(|f| f.data_offset() as usize)
+            .unwrap_or(base.len());
         let mut bytes = base.clone();
         mutate(&mut rng, &mut bytes, header_len);
         let input = bytes.clone();
@@ -119,7 +143,10 @@ pub fn fuzz(seeds: &[Vec<u8>], iterations: u64, seed: u64) -> (u64, u64) {
             Err(_) => {
                 let path = std::env::temp_dir().join(format!("hotcold-gguf-crash-{seed}-{i}.gguf"));
                 std::fs::write(&path, &input).unwrap();
-                panic!("the GGUF reader panicked on mutation {i} of seed {seed}; input saved to {}", path.display());
+                panic!(
+                    "the GGUF reader panicked on mutation {i} of seed {seed}; input saved to {}",
+                    path.display()
+                );
             }
         }
     }

@@ -29,18 +29,34 @@ pub struct AttentionShape {
 
 /// For each query token `t` (at position `pos0 + t`) and head, `out = softmax(scale · q·K) · V`
 /// over the positions it may see. `q` is `n × n_head × head_dim`; `out` is `n × n_head × head_dim_v`.
-pub fn attend(cache: &KvCache, il: usize, shape: &AttentionShape, q: &[f32], pos0: usize, out: &mut [f32]) {
+pub fn attend(
+    cache: &KvCache,
+    il: usize,
+    shape: &AttentionShape,
+    q: &[f32],
+    pos0: usize,
+    out: &mut [f32],
+) {
     let group = shape.n_head / shape.n_head_kv;
     out.par_chunks_mut(shape.head_dim_v)
         .enumerate()
         .for_each_init(
-            || (Vec::new(), vec![0f32; shape.head_dim.max(shape.head_dim_v)], vec![0f32; shape.head_dim]),
+            || {
+                (
+                    Vec::new(),
+                    vec![0f32; shape.head_dim.max(shape.head_dim_v)],
+                    vec![0f32; shape.head_dim],
+                )
+            },
             |(scores, row, q16), (i, out)| {
                 let (t, h) = (i / shape.n_head, i % shape.n_head);
                 let p = pos0 + t;
                 let first = shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
                 let kv_head = h / group;
-                for (r, &x) in q16.iter_mut().zip(&q[i * shape.head_dim..(i + 1) * shape.head_dim]) {
+                for (r, &x) in q16
+                    .iter_mut()
+                    .zip(&q[i * shape.head_dim..(i + 1) * shape.head_dim])
+                {
                     *r = f16::from_f32(x).to_f32();
                 }
                 scores.clear();
@@ -49,7 +65,9 @@ pub fn attend(cache: &KvCache, il: usize, shape: &AttentionShape, q: &[f32], pos
                     scores.push(dot_f16(q16, k, row) * shape.scale);
                 }
                 softmax(scores);
-                scores.iter_mut().for_each(|w| *w = f16::from_f32(*w).to_f32());
+                scores
+                    .iter_mut()
+                    .for_each(|w| *w = f16::from_f32(*w).to_f32());
                 out.fill(0.0);
                 for (j, &w) in (first..=p).zip(scores.iter()) {
                     let v = cache.value(il, j, kv_head, shape.head_dim_v);

@@ -22,8 +22,12 @@ impl KvCache {
             n_ctx,
             k_width: hp.k_width(),
             v_width: hp.v_width(),
-            keys: (0..hp.n_layer).map(|_| vec![f16::ZERO; n_ctx * hp.k_width()]).collect(),
-            values: (0..hp.n_layer).map(|_| vec![f16::ZERO; n_ctx * hp.v_width()]).collect(),
+            keys: (0..hp.n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * hp.k_width()])
+                .collect(),
+            values: (0..hp.n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * hp.v_width()])
+                .collect(),
         }
     }
 
@@ -54,6 +58,8 @@ impl KvCache {
 
     /// Bytes the cache holds.
     pub fn n_bytes(&self) -> usize {
-        (self.keys.iter().map(Vec::len).sum::<usize>() + self.values.iter().map(Vec::len).sum::<usize>()) * 2
+        (self.keys.iter().map(Vec::len).sum::<usize>()
+            + self.values.iter().map(Vec::len).sum::<usize>())
+            * 2
     }
 }

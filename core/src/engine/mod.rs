@@ -19,5 +19,7 @@ pub fn thread_pool(n_threads: usize) -> crate::Result<Arc<rayon::ThreadPool>> {
         .thread_name(|i| format!("hotcold-{i}"))
         .build()
         .map(Arc::new)
-        .map_err(|e| crate::Error::InvalidArgument(format!("cannot start {n_threads} threads: {e}")))
+        .map_err(|e| {
+            crate::Error::InvalidArgument(format!("cannot start {n_threads} threads: {e}"))
+        })
 }

@@ -75,7 +75,9 @@ impl<'m> Session<'m> {
         }
         let n_vocab = self.model.hp.n_vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::InvalidArgument(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
+            return Err(Error::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab}"
+            )));
         }
         let pool = self.pool.clone();
         pool.install(|| {
@@ -134,31 +136,61 @@ impl<'m> Session<'m> {
     fn block(&mut self, il: usize, x: &mut [f32], n: usize) -> Result<()> {
         let layer = &self.model.layers[il];
         let attn = self.self_attention(il, layer, x, n)?;
-        residual_add(x, attn, layer.post_attn_norm.as_deref(), self.model.hp.rms_eps);
+        residual_add(
+            x,
+            attn,
+            layer.post_attn_norm.as_deref(),
+            self.model.hp.rms_eps,
+        );
         let ffn = self.feed_forward(layer, x, n)?;
-        residual_add(x, ffn, layer.post_ffn_norm.as_deref(), self.model.hp.rms_eps);
+        residual_add(
+            x,
+            ffn,
+            layer.post_ffn_norm.as_deref(),
+            self.model.hp.rms_eps,
+        );
         Ok(())
     }
 
-    fn self_attention(&mut self, il: usize, layer: &LayerWeights, x: &[f32], n: usize) -> Result<Vec<f32>> {
+    fn self_attention(
+        &mut self,
+        il: usize,
+        layer: &LayerWeights,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
         let hp = &self.model.hp;
         let h = self.norm_rows(x, &layer.attn_norm);
         let mut q = self.projection(&layer.wq, layer.bq.as_deref(), &h, n)?;
         let mut k = self.projection(&layer.wk, layer.bk.as_deref(), &h, n)?;
         let v = self.projection(&layer.wv, layer.bv.as_deref(), &h, n)?;
         if let Some(w) = &layer.q_norm {
-            q.chunks_exact_mut(hp.head_dim).for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
+            q.chunks_exact_mut(hp.head_dim)
+                .for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
         }
         if let Some(w) = &layer.k_norm {
-            k.chunks_exact_mut(hp.head_dim).for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
+            k.chunks_exact_mut(hp.head_dim)
+                .for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
         }
         let swa = hp.swa_layers[il];
-        let rope = if swa { &self.rope_swa } else { &self.rope_global };
+        let rope = if swa {
+            &self.rope_swa
+        } else {
+            &self.rope_global
+        };
         let mut angles = Vec::new();
         for t in 0..n {
             rope.angles(self.n_past + t, &mut angles);
-            rope.apply(&mut q[t * hp.q_width()..(t + 1) * hp.q_width()], hp.head_dim, &angles);
-            rope.apply(&mut k[t * hp.k_width()..(t + 1) * hp.k_width()], hp.head_dim, &angles);
+            rope.apply(
+                &mut q[t * hp.q_width()..(t + 1) * hp.q_width()],
+                hp.head_dim,
+                &angles,
+            );
+            rope.apply(
+                &mut k[t * hp.k_width()..(t + 1) * hp.k_width()],
+                hp.head_dim,
+                &angles,
+            );
         }
         self.cache.store(il, self.n_past, &k, &v);
         let shape = AttentionShape {
@@ -194,10 +226,17 @@ impl<'m> Session<'m> {
         out
     }
 
-    fn projection(&self, w: &crate::model::Weight, bias: Option<&[f32]>, x: &[f32], n: usize) -> Result<Vec<f32>> {
+    fn projection(
+        &self,
+        w: &crate::model::Weight,
+        bias: Option<&[f32]>,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
         let mut y = self.matmul(w, x, n)?;
         if let Some(b) = bias {
-            y.chunks_exact_mut(b.len()).for_each(|row| ops::add_assign(row, b));
+            y.chunks_exact_mut(b.len())
+                .for_each(|row| ops::add_assign(row, b));
         }
         Ok(y)
     }
@@ -213,7 +252,8 @@ impl<'m> Session<'m> {
 /// `x += norm(y)` (or `x += y` without a post-norm), row by row.
 fn residual_add(x: &mut [f32], mut y: Vec<f32>, post_norm: Option<&[f32]>, eps: f32) {
     if let Some(w) = post_norm {
-        y.chunks_exact_mut(w.len()).for_each(|row| ops::rms_norm(row, w, eps));
+        y.chunks_exact_mut(w.len())
+            .for_each(|row| ops::rms_norm(row, w, eps));
     }
     ops::add_assign(x, &y);
 }

@@ -199,7 +199,10 @@ impl GgufFile {
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| wrong_type(key, "a string", v)),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| wrong_type(key, "a string", v)),
         }
     }
 
@@ -217,7 +220,10 @@ impl GgufFile {
     pub fn get_array(&self, key: &str) -> Result<Option<&MetaArray>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| wrong_type(key, "an array", v)),
+            Some(v) => v
+                .as_array()
+                .map(Some)
+                .ok_or_else(|| wrong_type(key, "an array", v)),
         }
     }
 
@@ -226,10 +232,17 @@ impl GgufFile {
         self.require_str("general.architecture")
     }
 
-    fn typed<T>(&self, key: &str, expected: &str, conv: impl Fn(&MetaValue) -> Option<T>) -> Result<Option<T>> {
+    fn typed<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        conv: impl Fn(&MetaValue) -> Option<T>,
+    ) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => conv(v).map(Some).ok_or_else(|| wrong_type(key, expected, v)),
+            Some(v) => conv(v)
+                .map(Some)
+                .ok_or_else(|| wrong_type(key, expected, v)),
         }
     }
 }

@@ -22,10 +22,7 @@ pub(crate) struct Header {
 /// Parses and validates the header of a GGUF (or PWRI) file held in `buf`.
 pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
     let mut c = Cursor::new(buf);
-    let magic_bytes: [u8; 4] = c
-        .take(4, || "magic".into())?
-        .try_into()
-        .expect("4 bytes");
+    let magic_bytes: [u8; 4] = c.take(4, || "magic".into())?.try_into().expect("4 bytes");
     let magic = match &magic_bytes {
         b"GGUF" => Magic::Gguf,
         b"PWRI" => Magic::PowerInfer,
@@ -34,7 +31,10 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
     let version = c.u32(|| "version".into())?;
     if version != 2 && version != 3 {
         if matches!(version.swap_bytes(), 2 | 3) {
-            return Err(Error::invalid_gguf(4, "big-endian GGUF files are not supported"));
+            return Err(Error::invalid_gguf(
+                4,
+                "big-endian GGUF files are not supported",
+            ));
         }
         return Err(Error::UnsupportedVersion(version));
     }
@@ -44,16 +44,33 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
     let kv_count = c.u64(|| "metadata count".into())?;
     // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least
     // 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
-    let kv_count = check_count(kv_count, 13, c.remaining(), kv_count_offset, "metadata count")?;
-    let tensor_count = check_count(tensor_count, 24, c.remaining(), tensor_count_offset, "tensor count")?;
+    let kv_count = check_count(
+        kv_count,
+        13,
+        c.remaining(),
+        kv_count_offset,
+        "metadata count",
+    )?;
+    let tensor_count = check_count(
+        tensor_count,
+        24,
+        c.remaining(),
+        tensor_count_offset,
+        "tensor count",
+    )?;
 
     let mut metadata = Vec::with_capacity(kv_count);
     let mut seen = HashMap::with_capacity(kv_count);
     for i in 0..kv_count {
         let key_offset = c.pos();
-        let key = c.string(|| format!("key of metadata entry {i}"))?.to_owned();
+        let key = c
+            .string(|| format!("key of metadata entry {i}"))?
+            .to_owned();
         if seen.insert(key.clone(), ()).is_some() {
-            return Err(Error::invalid_gguf(key_offset, format!("duplicate metadata key {key:?}")));
+            return Err(Error::invalid_gguf(
+                key_offset,
+                format!("duplicate metadata key {key:?}"),
+            ));
         }
         let value = read_value(&mut c, &key)?;
         metadata.push((key, value));
@@ -76,7 +93,10 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
         let info_offset = c.pos();
         let info = read_tensor_info(&mut c, i)?;
         if names.insert(info.name.clone(), ()).is_some() {
-            return Err(Error::invalid_gguf(info_offset, format!("duplicate tensor name {:?}", info.name)));
+            return Err(Error::invalid_gguf(
+                info_offset,
+                format!("duplicate tensor name {:?}", info.name),
+            ));
         }
         tensors.push(info);
     }
@@ -97,8 +117,12 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
 fn read_value(c: &mut Cursor, key: &str) -> Result<MetaValue> {
     let type_offset = c.pos();
     let type_id = c.u32(|| format!("value type of {key:?}"))?;
-    let ty = MetaType::from_id(type_id)
-        .ok_or_else(|| Error::invalid_gguf(type_offset, format!("key {key:?}: unknown value type {type_id}")))?;
+    let ty = MetaType::from_id(type_id).ok_or_else(|| {
+        Error::invalid_gguf(
+            type_offset,
+            format!("key {key:?}: unknown value type {type_id}"),
+        )
+    })?;
     read_typed_value(c, ty, key, 0)
 }
 
@@ -126,7 +150,10 @@ fn read_bool(c: &mut Cursor, key: &str) -> Result<bool> {
     match c.u8(|| format!("value of {key:?}"))? {
         0 => Ok(false),
         1 => Ok(true),
-        b => Err(Error::invalid_gguf(offset, format!("key {key:?}: bool byte {b} is neither 0 nor 1"))),
+        b => Err(Error::invalid_gguf(
+            offset,
+            format!("key {key:?}: bool byte {b} is neither 0 nor 1"),
+        )),
     }
 }
 
@@ -140,7 +167,10 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<MetaArray> {
     }
     let type_id = c.u32(|| format!("array element type of {key:?}"))?;
     let ty = MetaType::from_id(type_id).ok_or_else(|| {
-        Error::invalid_gguf(offset, format!("key {key:?}: unknown array element type {type_id}"))
+        Error::invalid_gguf(
+            offset,
+            format!("key {key:?}: unknown array element type {type_id}"),
+        )
     })?;
     let count_offset = c.pos();
     let count = c.u64(|| format!("array length of {key:?}"))?;
@@ -155,7 +185,12 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<MetaArray> {
     macro_rules! fixed {
         ($variant:ident, $t:ty, $size:literal, $conv:expr) => {{
             let bytes = c.take(n as u64 * $size, what)?;
-            MetaArray::$variant(bytes.chunks_exact($size).map(|b| $conv(b.try_into().unwrap())).collect())
+            MetaArray::$variant(
+                bytes
+                    .chunks_exact($size)
+                    .map(|b| $conv(b.try_into().unwrap()))
+                    .collect(),
+            )
         }};
     }
     Ok(match ty {
@@ -169,10 +204,15 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<MetaArray> {
         MetaType::U64 => fixed!(U64, u64, 8, u64::from_le_bytes),
         MetaType::I64 => fixed!(I64, i64, 8, i64::from_le_bytes),
         MetaType::F64 => fixed!(F64, f64, 8, f64::from_le_bytes),
-        MetaType::Bool => MetaArray::Bool((0..n).map(|_| read_bool(c, key)).collect::<Result<_>>()?),
+        MetaType::Bool => {
+            MetaArray::Bool((0..n).map(|_| read_bool(c, key)).collect::<Result<_>>()?)
+        }
         MetaType::String => MetaArray::String(
             (0..n)
-                .map(|i| c.string(|| format!("element {i} of array {key:?}")).map(str::to_owned))
+                .map(|i| {
+                    c.string(|| format!("element {i} of array {key:?}"))
+                        .map(str::to_owned)
+                })
                 .collect::<Result<_>>()?,
         ),
         MetaType::Array => MetaArray::Array(
@@ -208,13 +248,20 @@ fn read_tensor_info(c: &mut Cursor, index: usize) -> Result<TensorInfo> {
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .filter(|&n| n < (1u64 << 62))
-        .ok_or_else(|| Error::invalid_gguf(dims_offset, format!("tensor {name:?}: element count of {shape:?} overflows")))?;
+        .ok_or_else(|| {
+            Error::invalid_gguf(
+                dims_offset,
+                format!("tensor {name:?}: element count of {shape:?} overflows"),
+            )
+        })?;
     let row_bytes = ty
         .row_bytes(shape[0])
         .map_err(|e| Error::invalid_gguf(type_offset, format!("tensor {name:?}: {e}")))?;
     let n_bytes = row_bytes
         .checked_mul(n_elements.checked_div(shape[0]).unwrap_or(0))
-        .ok_or_else(|| Error::invalid_gguf(dims_offset, format!("tensor {name:?}: byte size overflows")))?;
+        .ok_or_else(|| {
+            Error::invalid_gguf(dims_offset, format!("tensor {name:?}: byte size overflows"))
+        })?;
     Ok(TensorInfo {
         name,
         ty,
@@ -225,12 +272,20 @@ fn read_tensor_info(c: &mut Cursor, index: usize) -> Result<TensorInfo> {
 }
 
 /// Checks that every tensor is aligned, lies inside the data section, and overlaps no other.
-fn validate_tensor_layout(tensors: &[TensorInfo], alignment: u64, data_offset: u64, data_len: u64) -> Result<()> {
+fn validate_tensor_layout(
+    tensors: &[TensorInfo],
+    alignment: u64,
+    data_offset: u64,
+    data_len: u64,
+) -> Result<()> {
     for t in tensors {
         if t.offset % alignment != 0 {
             return Err(Error::invalid_gguf(
                 data_offset.saturating_add(t.offset),
-                format!("tensor {:?}: data offset {} is not a multiple of the alignment {alignment}", t.name, t.offset),
+                format!(
+                    "tensor {:?}: data offset {} is not a multiple of the alignment {alignment}",
+                    t.name, t.offset
+                ),
             ));
         }
         let end = t.offset.checked_add(t.n_bytes);

@@ -32,8 +32,10 @@ fn sample_writer() -> GgufWriter<'static> {
     );
     w.add_tensor("a", GgmlType::F32, &[3, 2], (0..24u8).collect::<Vec<_>>())
         .unwrap();
-    w.add_tensor("b", GgmlType::Q8_0, &[32], vec![7u8; 34]).unwrap();
-    w.add_tensor("c", GgmlType::F16, &[5], vec![1u8; 10]).unwrap();
+    w.add_tensor("b", GgmlType::Q8_0, &[32], vec![7u8; 34])
+        .unwrap();
+    w.add_tensor("c", GgmlType::F16, &[5], vec![1u8; 10])
+        .unwrap();
     w
 }
 
@@ -48,18 +50,27 @@ fn round_trip_keeps_metadata_tensors_and_bytes() {
     assert_eq!(file.magic(), Magic::Gguf);
     assert_eq!(file.version(), 3);
     assert_eq!(file.metadata().len(), 14);
-    assert_eq!(file.get("test.f64"), Some(&MetaValue::F64(std::f64::consts::PI)));
+    assert_eq!(
+        file.get("test.f64"),
+        Some(&MetaValue::F64(std::f64::consts::PI))
+    );
     assert_eq!(file.get_u64("llama.block_count").unwrap(), Some(2));
     assert_eq!(file.architecture().unwrap(), "llama");
     let a = file.tensor("a").unwrap();
     assert_eq!(a.shape, vec![3, 2]);
-    assert_eq!(file.tensor_data(a), (0..24u8).collect::<Vec<_>>().as_slice());
+    assert_eq!(
+        file.tensor_data(a),
+        (0..24u8).collect::<Vec<_>>().as_slice()
+    );
     assert_eq!(file.tensor_data(file.tensor("b").unwrap()), &[7u8; 34][..]);
     for t in file.tensors() {
         assert_eq!(t.offset % 32, 0);
     }
     let again = GgufWriter::from_file(&file).to_bytes().unwrap();
-    assert_eq!(again, bytes, "read → write must reproduce the file byte for byte");
+    assert_eq!(
+        again, bytes,
+        "read → write must reproduce the file byte for byte"
+    );
 }
 
 #[test]
@@ -95,7 +106,11 @@ fn every_truncation_is_an_error() {
     assert!(GgufFile::from_bytes(bytes[..data_end].to_vec()).is_ok());
     for len in 0..data_end {
         let err = GgufFile::from_bytes(bytes[..len].to_vec()).err();
-        assert!(err.is_some(), "a file cut at {len} of {} bytes parsed", bytes.len());
+        assert!(
+            err.is_some(),
+            "a file cut at {len} of {} bytes parsed",
+            bytes.len()
+        );
     }
 }
 
@@ -131,8 +146,14 @@ fn wrong_magic_and_versions() {
     let mut b = sample_bytes();
     b[..4].copy_from_slice(b"GGML");
     assert!(matches!(parse(b), Error::BadMagic(m) if &m == b"GGML"));
-    assert!(matches!(parse(raw_file(1, 0, &[])), Error::UnsupportedVersion(1)));
-    assert!(matches!(parse(raw_file(4, 0, &[])), Error::UnsupportedVersion(4)));
+    assert!(matches!(
+        parse(raw_file(1, 0, &[])),
+        Error::UnsupportedVersion(1)
+    ));
+    assert!(matches!(
+        parse(raw_file(4, 0, &[])),
+        Error::UnsupportedVersion(4)
+    ));
     let be = parse(raw_file(3u32.swap_bytes(), 0, &[]));
     assert!(be.to_string().contains("big-endian"), "{be}");
     assert!(GgufFile::from_bytes(raw_file(2, 0, &[])).is_ok());
@@ -150,7 +171,10 @@ fn absurd_counts_are_rejected_before_allocation() {
     let mut kv = (1u64 << 40).to_le_bytes().to_vec();
     kv.extend_from_slice(&[b'a'; 16]);
     let e = parse(raw_file(3, 0, &[kv]));
-    assert!(matches!(e, Error::Truncated { needed, .. } if needed == 1 << 40), "{e}");
+    assert!(
+        matches!(e, Error::Truncated { needed, .. } if needed == 1 << 40),
+        "{e}"
+    );
     // An array of 2^62 u64 elements.
     let mut arr = 10u32.to_le_bytes().to_vec();
     arr.extend_from_slice(&(1u64 << 62).to_le_bytes());
@@ -182,8 +206,15 @@ fn bad_values_are_rejected() {
     let kv = raw_key("k", 4, &1u32.to_le_bytes());
     let e = parse(raw_file(3, 0, &[kv.clone(), kv]));
     assert!(e.to_string().contains("duplicate metadata key"), "{e}");
-    let e = parse(raw_file(3, 0, &[raw_key("general.alignment", 4, &3u32.to_le_bytes())]));
-    assert!(matches!(e, Error::Metadata { ref key, .. } if key == "general.alignment"), "{e}");
+    let e = parse(raw_file(
+        3,
+        0,
+        &[raw_key("general.alignment", 4, &3u32.to_le_bytes())],
+    ));
+    assert!(
+        matches!(e, Error::Metadata { ref key, .. } if key == "general.alignment"),
+        "{e}"
+    );
 }
 
 /// A file with one tensor info written by hand.
@@ -205,11 +236,17 @@ fn one_tensor(n_dims: u32, dims: &[u64], type_id: u32, offset: u64, data_len: us
 fn bad_tensor_infos_are_rejected() {
     assert!(GgufFile::from_bytes(one_tensor(2, &[4, 2], 0, 0, 32)).is_ok());
     let e = parse(one_tensor(2, &[4, 2], 0, 0, 31));
-    assert!(matches!(e, Error::Truncated { ref what, .. } if what.contains("\"w\"")), "{e}");
+    assert!(
+        matches!(e, Error::Truncated { ref what, .. } if what.contains("\"w\"")),
+        "{e}"
+    );
     let e = parse(one_tensor(2, &[4, 2], 0, 16, 64));
     assert!(e.to_string().contains("alignment"), "{e}");
     let e = parse(one_tensor(2, &[4, 2], 77, 0, 32));
-    assert!(matches!(e, Error::UnknownGgmlType { id: 77, ref tensor } if tensor == "w"), "{e}");
+    assert!(
+        matches!(e, Error::UnknownGgmlType { id: 77, ref tensor } if tensor == "w"),
+        "{e}"
+    );
     let e = parse(one_tensor(5, &[1, 1, 1, 1, 1], 0, 0, 32));
     assert!(e.to_string().contains("5 dimensions"), "{e}");
     let e = parse(one_tensor(2, &[1 << 32, 1 << 32], 0, 0, 32));
@@ -223,8 +260,10 @@ fn bad_tensor_infos_are_rejected() {
 #[test]
 fn overlapping_tensors_are_rejected() {
     let mut w = GgufWriter::new(Magic::Gguf);
-    w.add_tensor("a", GgmlType::F32, &[3, 2], vec![1u8; 24]).unwrap();
-    w.add_tensor("z", GgmlType::F32, &[3, 2], vec![2u8; 24]).unwrap();
+    w.add_tensor("a", GgmlType::F32, &[3, 2], vec![1u8; 24])
+        .unwrap();
+    w.add_tensor("z", GgmlType::F32, &[3, 2], vec![2u8; 24])
+        .unwrap();
     let mut bytes = w.to_bytes().unwrap();
     // Point z's offset (the last 8 bytes of the tensor table) at a's data.
     let mut name_z = 1u64.to_le_bytes().to_vec();
@@ -238,9 +277,16 @@ fn overlapping_tensors_are_rejected() {
 #[test]
 fn writer_rejects_inconsistent_tensors() {
     let mut w = GgufWriter::new(Magic::Gguf);
-    assert!(w.add_tensor("x", GgmlType::F32, &[4], vec![0u8; 15]).is_err());
-    assert!(w.add_tensor("x", GgmlType::Q4_0, &[31], vec![0u8; 18]).is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::F32, &[4], vec![0u8; 15])
+        .is_err());
+    assert!(w
+        .add_tensor("x", GgmlType::Q4_0, &[31], vec![0u8; 18])
+        .is_err());
     assert!(w.add_tensor("x", GgmlType::F32, &[], vec![]).is_err());
-    w.add_tensor("x", GgmlType::F32, &[4], vec![0u8; 16]).unwrap();
-    assert!(w.add_tensor("x", GgmlType::F32, &[4], vec![0u8; 16]).is_err());
+    w.add_tensor("x", GgmlType::F32, &[4], vec![0u8; 16])
+        .unwrap();
+    assert!(w
+        .add_tensor("x", GgmlType::F32, &[4], vec![0u8; 16])
+        .is_err());
 }

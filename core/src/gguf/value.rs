@@ -314,7 +314,13 @@ impl MetaArray {
 
 /// Checks that `count` values of at least `min_bytes` each can fit in `available` bytes, so that a
 /// hostile count never sizes an allocation.
-pub(crate) fn check_count(count: u64, min_bytes: u64, available: u64, offset: u64, what: &str) -> Result<usize> {
+pub(crate) fn check_count(
+    count: u64,
+    min_bytes: u64,
+    available: u64,
+    offset: u64,
+    what: &str,
+) -> Result<usize> {
     let needed = count.checked_mul(min_bytes).ok_or_else(|| {
         Error::invalid_gguf(offset, format!("{what}: count {count} is impossibly large"))
     })?;
@@ -326,5 +332,6 @@ pub(crate) fn check_count(count: u64, min_bytes: u64, available: u64, offset: u6
             available,
         });
     }
-    usize::try_from(count).map_err(|_| Error::invalid_gguf(offset, format!("{what}: count {count} too large")))
+    usize::try_from(count)
+        .map_err(|_| Error::invalid_gguf(offset, format!("{what}: count {count} too large")))
 }

@@ -90,7 +90,10 @@ impl<'a> GgufWriter<'a> {
             message,
         };
         if shape.is_empty() || shape.len() > MAX_DIMS {
-            return Err(bad(format!("{} dimensions (expected 1..={MAX_DIMS})", shape.len())));
+            return Err(bad(format!(
+                "{} dimensions (expected 1..={MAX_DIMS})",
+                shape.len()
+            )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(bad("added twice".into()));
@@ -98,7 +101,10 @@ impl<'a> GgufWriter<'a> {
         let rows: u64 = shape[1..].iter().product();
         let expected = ty.row_bytes(shape[0]).map_err(|e| bad(e.to_string()))? * rows;
         if data.len() as u64 != expected {
-            return Err(bad(format!("data is {} bytes, shape {shape:?} of {ty} needs {expected}", data.len())));
+            return Err(bad(format!(
+                "data is {} bytes, shape {shape:?} of {ty} needs {expected}",
+                data.len()
+            )));
         }
         self.tensors.push(PendingTensor {
             name,

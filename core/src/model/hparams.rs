@@ -27,7 +27,10 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             other => Err(Error::Metadata {
                 key: "general.architecture".into(),
-                message: format!("unsupported architecture {other:?} (supported: {})", Arch::SUPPORTED),
+                message: format!(
+                    "unsupported architecture {other:?} (supported: {})",
+                    Arch::SUPPORTED
+                ),
             }),
         }
     }
@@ -100,7 +103,9 @@ impl HyperParams {
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> { to_usize(&key(k), file.require_u64(&key(k))?) };
         let opt = |k: &str| -> Result<Option<usize>> {
-            file.get_u64(&key(k))?.map(|v| to_usize(&key(k), v)).transpose()
+            file.get_u64(&key(k))?
+                .map(|v| to_usize(&key(k), v))
+                .transpose()
         };
         let n_layer = req("block_count")?;
         let n_embd = req("embedding_length")?;
@@ -137,20 +142,36 @@ impl HyperParams {
             Some(other) => {
                 return Err(Error::Metadata {
                     key: key("rope.scaling.type"),
-                    message: format!("RoPE scaling {other:?} is not supported (supported: none, linear)"),
+                    message: format!(
+                        "RoPE scaling {other:?} is not supported (supported: none, linear)"
+                    ),
                 })
             }
         };
         let n_ctx_train = opt("context_length")?.unwrap_or(4096);
         let sliding_window = opt("attention.sliding_window")?.filter(|&w| w > 0);
         let swa_layers = match (arch, sliding_window) {
-            (Arch::Gemma3, Some(_)) => swa_pattern(file, &key("attention.sliding_window_pattern"), n_layer, 6)?,
-            (_, Some(_)) => swa_pattern(file, &key("attention.sliding_window_pattern"), n_layer, 0)?,
+            (Arch::Gemma3, Some(_)) => {
+                swa_pattern(file, &key("attention.sliding_window_pattern"), n_layer, 6)?
+            }
+            (_, Some(_)) => {
+                swa_pattern(file, &key("attention.sliding_window_pattern"), n_layer, 0)?
+            }
             _ => vec![false; n_layer],
         };
         let (rope_style, attn_scale, embed_scale, ffn_act) = match arch {
-            Arch::Llama => (RopeStyle::Normal, 1.0 / (head_dim as f32).sqrt(), 1.0, FfnActivation::Silu),
-            Arch::Qwen2 => (RopeStyle::Neox, 1.0 / (head_dim as f32).sqrt(), 1.0, FfnActivation::Silu),
+            Arch::Llama => (
+                RopeStyle::Normal,
+                1.0 / (head_dim as f32).sqrt(),
+                1.0,
+                FfnActivation::Silu,
+            ),
+            Arch::Qwen2 => (
+                RopeStyle::Neox,
+                1.0 / (head_dim as f32).sqrt(),
+                1.0,
+                FfnActivation::Silu,
+            ),
             Arch::Gemma3 => (
                 RopeStyle::Neox,
                 1.0 / (head_dim as f32).sqrt(),
@@ -158,7 +179,9 @@ impl HyperParams {
                 FfnActivation::Gelu,
             ),
         };
-        let final_logit_softcap = file.get_f32(&key("final_logit_softcapping"))?.filter(|&c| c != 0.0);
+        let final_logit_softcap = file
+            .get_f32(&key("final_logit_softcapping"))?
+            .filter(|&c| c != 0.0);
         Ok(HyperParams {
             arch,
             n_layer,
@@ -174,7 +197,9 @@ impl HyperParams {
             rope_style,
             n_rot,
             rope_base,
-            rope_base_swa: file.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+            rope_base_swa: file
+                .get_f32(&key("rope.freq_base_swa"))?
+                .unwrap_or(10_000.0),
             rope_freq_scale,
             sliding_window,
             swa_layers,
@@ -213,7 +238,12 @@ fn to_usize(key: &str, v: u64) -> Result<usize> {
 
 /// Sliding-window layers: an explicit per-layer bool array, or a period `n` where every `n`-th
 /// layer is global (llama.cpp's `set_swa_pattern`; 0 means all layers slide).
-fn swa_pattern(file: &GgufFile, key: &str, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
+fn swa_pattern(
+    file: &GgufFile,
+    key: &str,
+    n_layer: usize,
+    default_period: usize,
+) -> Result<Vec<bool>> {
     match file.get(key) {
         Some(v) => match v.as_array() {
             Some(MetaArray::Bool(b)) if b.len() == n_layer => Ok(b.clone()),
@@ -230,5 +260,7 @@ fn swa_pattern(file: &GgufFile, key: &str, n_layer: usize, default_period: usize
 }
 
 fn periodic(n_layer: usize, period: usize) -> Vec<bool> {
-    (0..n_layer).map(|il| period == 0 || il % period < period - 1).collect()
+    (0..n_layer)
+        .map(|il| period == 0 || il % period < period - 1)
+        .collect()
 }

@@ -99,13 +99,18 @@ impl Model {
             });
         }
         hp.n_vocab = file.require_tensor("token_embd.weight")?.n_rows() as usize;
-        let loader = Loader { file: &file, hp: &hp };
+        let loader = Loader {
+            file: &file,
+            hp: &hp,
+        };
         let token_embd = loader.matrix("token_embd.weight", Some(hp.n_vocab), hp.n_embd)?;
         let output = match file.tensor("output.weight") {
             Some(_) => loader.matrix("output.weight", Some(hp.n_vocab), hp.n_embd)?,
             None => token_embd.clone(),
         };
-        let layers = (0..hp.n_layer).map(|il| loader.layer(il)).collect::<Result<_>>()?;
+        let layers = (0..hp.n_layer)
+            .map(|il| loader.layer(il))
+            .collect::<Result<_>>()?;
         let output_norm = loader.vector("output_norm.weight", hp.n_embd)?;
         Ok(Model {
             file: file.clone(),
@@ -162,15 +167,23 @@ impl Loader<'_> {
             tensor: name.into(),
             message,
         };
-        if info.shape.len() != 2 || info.shape[0] as usize != cols || rows.is_some_and(|r| info.shape[1] as usize != r) {
+        if info.shape.len() != 2
+            || info.shape[0] as usize != cols
+            || rows.is_some_and(|r| info.shape[1] as usize != r)
+        {
             return Err(bad(format!(
                 "shape {:?}, expected [{cols}, {}]",
                 info.shape,
                 rows.map_or("n".to_string(), |r| r.to_string())
             )));
         }
-        Matrix::new(info.ty, info.shape[1] as usize, cols, self.file.tensor_data(info))
-            .map_err(|e| bad(e.to_string()))?;
+        Matrix::new(
+            info.ty,
+            info.shape[1] as usize,
+            cols,
+            self.file.tensor_data(info),
+        )
+        .map_err(|e| bad(e.to_string()))?;
         Ok(Weight {
             name: name.into(),
             ty: info.ty,
@@ -190,9 +203,11 @@ impl Loader<'_> {
             });
         }
         let mut out = vec![0f32; len];
-        quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).map_err(|e| Error::Tensor {
-            tensor: name.into(),
-            message: e.to_string(),
+        quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).map_err(|e| {
+            Error::Tensor {
+                tensor: name.into(),
+                message: e.to_string(),
+            }
         })?;
         Ok(out)
     }
@@ -225,7 +240,11 @@ impl Loader<'_> {
             bv: required_if(hp.arch == Arch::Qwen2, "attn_v.bias", hp.v_width())?,
             q_norm: required_if(gemma, "attn_q_norm.weight", hp.head_dim)?,
             k_norm: required_if(gemma, "attn_k_norm.weight", hp.head_dim)?,
-            wo: self.matrix(&n("attn_output.weight"), Some(hp.n_embd), hp.n_head * hp.head_dim_v)?,
+            wo: self.matrix(
+                &n("attn_output.weight"),
+                Some(hp.n_embd),
+                hp.n_head * hp.head_dim_v,
+            )?,
             post_attn_norm: required_if(gemma, "post_attention_norm.weight", hp.n_embd)?,
             ffn_norm: self.vector(&n("ffn_norm.weight"), hp.n_embd)?,
             gate: self.matrix(&n("ffn_gate.weight"), Some(hp.n_ff), hp.n_embd)?,

@@ -28,7 +28,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = args.model.load(DefaultModel::Gemma3_270m)?;
     let model = &loaded.model;
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
-    let n_ctx = (args.n_prompt + args.n_gen + 1).max(loaded.n_ctx.min(args.n_prompt + args.n_gen + 1));
+    let n_ctx =
+        (args.n_prompt + args.n_gen + 1).max(loaded.n_ctx.min(args.n_prompt + args.n_gen + 1));
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
     let tokens: Vec<u32> = (0..args.n_prompt.max(args.n_gen))
         .map(|i| ((i as u64 * 2_654_435_761) % model.hp.n_vocab as u64) as u32)
@@ -38,11 +39,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let threads = loaded.pool.current_num_threads();
     println!("| model | size | threads | simd | test | t/s |");
     println!("| --- | ---: | ---: | --- | --- | ---: |");
-    let name = model.file().get_str("general.name")?.unwrap_or("?").to_string();
-    let size = format!("{:.2} MiB", model.file().file_size() as f64 / (1 << 20) as f64);
+    let name = model
+        .file()
+        .get_str("general.name")?
+        .unwrap_or("?")
+        .to_string();
+    let size = format!(
+        "{:.2} MiB",
+        model.file().file_size() as f64 / (1 << 20) as f64
+    );
     let report = |test: String, rates: &[f64]| {
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-        let sd = (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
+        let sd =
+            (rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len() as f64).sqrt();
         println!(
             "| {name} | {size} | {threads} | {} | {test} | {mean:.2} ± {sd:.2} |",
             hotcold_core::cpu::simd_level()
@@ -84,7 +93,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         roofline
     );
     if let Some(tg) = tg_mean {
-        println!("tg{} = {:.1}% of the roofline", args.n_gen, 100.0 * tg / roofline);
+        println!(
+            "tg{} = {:.1}% of the roofline",
+            args.n_gen,
+            100.0 * tg / roofline
+        );
     }
     Ok(())
 }

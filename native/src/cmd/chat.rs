@@ -54,7 +54,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let text = template.render_for(&loaded.tokenizer, &messages, true)?;
         let tokens = loaded.tokenizer.encode(&text, true, true)?;
         // Reuse the cache for the common prefix; evaluate only the rest.
-        let common = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+        let common = cached
+            .iter()
+            .zip(&tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len() - 1);
         if tokens.len() + args.n_predict > session.n_ctx() {
             anyhow::bail!(
                 "the conversation ({} tokens) no longer fits the context of {} (use a larger -c)",
@@ -68,10 +73,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             max_tokens: args.n_predict,
             ignore_eos: false,
         };
-        let stats = generate(&mut session, &loaded.tokenizer, &mut sampler, &tokens[common..], opts, |piece| {
-            reply.push_str(piece);
-            out.write_all(piece.as_bytes()).and_then(|()| out.flush()).is_ok()
-        })?;
+        let stats = generate(
+            &mut session,
+            &loaded.tokenizer,
+            &mut sampler,
+            &tokens[common..],
+            opts,
+            |piece| {
+                reply.push_str(piece);
+                out.write_all(piece.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_ok()
+            },
+        )?;
         writeln!(out)?;
         eprintln!(
             "[{} new prompt tokens, {:.1} tok/s; {} tokens, {:.1} tok/s]",
@@ -81,7 +95,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stats.decode_tok_per_s()
         );
         cached = tokens;
-        cached.extend(stats.tokens.iter().filter(|&&t| !loaded.tokenizer.is_eog(t)));
+        cached.extend(
+            stats
+                .tokens
+                .iter()
+                .filter(|&&t| !loaded.tokenizer.is_eog(t)),
+        );
         // The cache holds the reply without its end-of-turn token: the next render adds it.
         session.truncate(cached.len());
         messages.push(ChatMessage::new("assistant", reply));

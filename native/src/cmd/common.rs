@@ -93,9 +93,12 @@ impl ModelArgs {
     pub fn load(&self, default: DefaultModel) -> anyhow::Result<Loaded> {
         let start = Instant::now();
         let path = model_arg::resolve(self.model.clone(), default)?;
-        let model = Model::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
+        let model =
+            Model::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
         let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
-        let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         anyhow::ensure!(threads > 0, "-t must be at least 1");
         let pool = thread_pool(threads)?;
         let n_ctx = self.ctx_size.unwrap_or(model.hp.n_ctx_train.min(4096));

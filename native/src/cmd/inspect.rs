@@ -48,7 +48,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn to_text(file: &GgufFile, path: &std::path::Path) -> String {
     let mut s = String::new();
-    let arch = file.get_str("general.architecture").ok().flatten().unwrap_or("?");
+    let arch = file
+        .get_str("general.architecture")
+        .ok()
+        .flatten()
+        .unwrap_or("?");
     let _ = writeln!(s, "file:          {}", path.display());
     let _ = writeln!(
         s,
@@ -68,7 +72,11 @@ fn to_text(file: &GgufFile, path: &std::path::Path) -> String {
 
     let _ = writeln!(s, "\nhyper-parameters ({arch}.*):");
     let prefix = format!("{arch}.");
-    for (key, value) in file.metadata().iter().filter(|(k, _)| k.starts_with(&prefix)) {
+    for (key, value) in file
+        .metadata()
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+    {
         let _ = writeln!(s, "  {:<44} {}", &key[prefix.len()..], short_value(value));
     }
 
@@ -95,7 +103,12 @@ fn to_text(file: &GgufFile, path: &std::path::Path) -> String {
     );
     let mut per_type: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
     for (i, t) in file.tensors().iter().enumerate() {
-        let shape = t.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(" x ");
+        let shape = t
+            .shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" x ");
         let _ = writeln!(
             s,
             "  {:>4}  {:<40} {:<8} {:<22} {:>12} {:>12}",
@@ -127,7 +140,11 @@ fn to_text(file: &GgufFile, path: &std::path::Path) -> String {
         elems += e;
         bytes += b;
     }
-    let _ = writeln!(s, "  {:<8} {:>5} tensors {:>14} elements {:>14} bytes", "total", n, elems, bytes);
+    let _ = writeln!(
+        s,
+        "  {:<8} {:>5} tensors {:>14} elements {:>14} bytes",
+        "total", n, elems, bytes
+    );
     s
 }
 
@@ -136,15 +153,31 @@ fn tokenizer_summary(file: &GgufFile) -> String {
     let str_key = |k: &str| file.get_str(k).ok().flatten();
     let int_key = |k: &str| file.get_u64(k).ok().flatten();
     let array_len = |k: &str| file.get_array(k).ok().flatten().map(MetaArray::len);
-    let _ = writeln!(s, "  model:         {}", str_key("tokenizer.ggml.model").unwrap_or("(none)"));
+    let _ = writeln!(
+        s,
+        "  model:         {}",
+        str_key("tokenizer.ggml.model").unwrap_or("(none)")
+    );
     if let Some(pre) = str_key("tokenizer.ggml.pre") {
         let _ = writeln!(s, "  pre-tokenizer: {pre}");
     }
-    let _ = writeln!(s, "  vocabulary:    {} tokens", array_len("tokenizer.ggml.tokens").unwrap_or(0));
+    let _ = writeln!(
+        s,
+        "  vocabulary:    {} tokens",
+        array_len("tokenizer.ggml.tokens").unwrap_or(0)
+    );
     if let Some(merges) = array_len("tokenizer.ggml.merges") {
         let _ = writeln!(s, "  merges:        {merges}");
     }
-    for name in ["bos", "eos", "eot", "unknown", "padding", "seperator", "mask"] {
+    for name in [
+        "bos",
+        "eos",
+        "eot",
+        "unknown",
+        "padding",
+        "seperator",
+        "mask",
+    ] {
         if let Some(id) = int_key(&format!("tokenizer.ggml.{name}_token_id")) {
             let _ = writeln!(s, "  {:<14} {id}", format!("{name} id:"));
         }
@@ -217,7 +250,9 @@ fn to_json(file: &GgufFile, full_arrays: bool) -> Value {
                     "length": a.len(),
                     "value": array_to_json(a, None),
                 }),
-                other => json!({ "type": other.meta_type().name(), "value": scalar_to_json(other) }),
+                other => {
+                    json!({ "type": other.meta_type().name(), "value": scalar_to_json(other) })
+                }
             };
             (k.clone(), value)
         })
@@ -244,7 +279,10 @@ fn to_json(file: &GgufFile, full_arrays: bool) -> Value {
             .filter(|t| t.ty == *ty)
             .fold((0u64, 0u64), |(c, b), t| (c + 1, b + t.n_bytes));
         if count > 0 {
-            per_type.insert(ty.name().to_uppercase(), json!({ "tensors": count, "bytes": bytes }));
+            per_type.insert(
+                ty.name().to_uppercase(),
+                json!({ "tensors": count, "bytes": bytes }),
+            );
         }
     }
     json!({

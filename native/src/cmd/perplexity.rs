@@ -24,7 +24,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
     model_args.ctx_size = Some(model_args.ctx_size.unwrap_or(512));
     let loaded = model_args.load(DefaultModel::Gemma3_270m)?;
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = loaded.tokenizer.encode(&text, true, false)?;
     let n_ctx = loaded.n_ctx;
     anyhow::ensure!(n_ctx >= 8, "-c must be at least 8 for perplexity");
@@ -34,7 +35,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "the text has {} tokens, fewer than one chunk of {n_ctx} (use a smaller -c)",
         tokens.len()
     );
-    eprintln!("perplexity: {} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
+    eprintln!(
+        "perplexity: {} tokens, {n_chunks} chunks of {n_ctx}",
+        tokens.len()
+    );
     let n_vocab = loaded.model.hp.n_vocab;
     let first = n_ctx / 2;
     let (mut nll, mut count) = (0f64, 0usize);

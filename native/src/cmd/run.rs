@@ -17,7 +17,11 @@ pub struct Args {
     #[command(flatten)]
     sampling: SamplingArgs,
     /// The prompt.
-    #[arg(short = 'p', long = "prompt", default_value = "The capital of France is")]
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        default_value = "The capital of France is"
+    )]
     prompt: String,
     /// Read the prompt from a file instead.
     #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
@@ -34,7 +38,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = args.model.load(DefaultModel::Gemma3_270m)?;
     let prompt_text = match &args.file {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?,
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?,
         None => args.prompt.clone(),
     };
     let prompt = loaded.tokenizer.encode(&prompt_text, true, true)?;
@@ -54,9 +59,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tokens: args.n_predict,
         ignore_eos: args.ignore_eos,
     };
-    let stats = generate(&mut session, &loaded.tokenizer, &mut sampler, &prompt, opts, |text| {
-        out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_ok()
-    })?;
+    let stats = generate(
+        &mut session,
+        &loaded.tokenizer,
+        &mut sampler,
+        &prompt,
+        opts,
+        |text| {
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .is_ok()
+        },
+    )?;
     writeln!(out)?;
     eprintln!(
         "load {:.0} ms | prompt {} tokens, {:.1} tok/s | decode {} tokens, {:.1} tok/s | stop: {:?} | {} threads, {}",
