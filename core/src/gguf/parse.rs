@@ -102,6 +102,14 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
     }
 
     let data_offset = c.pos().next_multiple_of(alignment);
+    if !tensors.is_empty() && data_offset > buf.len() as u64 {
+        return Err(Error::Truncated {
+            what: "padding before the tensor data".into(),
+            offset: c.pos(),
+            needed: data_offset - c.pos(),
+            available: c.remaining(),
+        });
+    }
     let data_len = (buf.len() as u64).saturating_sub(data_offset);
     validate_tensor_layout(&tensors, alignment, data_offset, data_len)?;
     Ok(Header {

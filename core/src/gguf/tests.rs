@@ -290,3 +290,16 @@ fn writer_rejects_inconsistent_tensors() {
         .add_tensor("x", GgmlType::F32, &[4], vec![0u8; 16])
         .is_err());
 }
+
+/// Inputs that once made the reader panic, found by `cargo fuzz` (kept as regression tests).
+#[test]
+fn fuzz_regressions() {
+    // A zero-byte tensor in a file that ends before the data section starts.
+    let crash = include_bytes!("testdata/fuzz-crash-empty-tensor-past-eof.gguf");
+    let e = parse(crash.to_vec());
+    assert!(matches!(e, Error::Truncated { .. }), "{e}");
+    let mut b = one_tensor(1, &[0], 0, 0, 0);
+    let header_end = b.len();
+    b.truncate(header_end - 8);
+    assert!(matches!(parse(b), Error::Truncated { .. }));
+}
