@@ -200,7 +200,9 @@ pub(crate) unsafe fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bs
 /// a NaN (its payload may differ from ggml's canonical one).
 #[inline(always)]
 unsafe fn round_f16(x: f32) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))))
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
+        _mm_set_ss(x),
+    )))
 }
 
 /// Horizontal sum of 8 i32 lanes.

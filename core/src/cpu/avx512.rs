@@ -8,6 +8,8 @@
 //! - K-quants (Q4_K, Q5_K, Q6_K): `vpmaddubsw` then `vpdpwssd` with the sub-block scales, integer
 //!   accumulation over the whole super-block, the mins (or Q6_K's −32) from the Q8_K `bsums`.
 //! - F32 / F16 / BF16: 16-wide FMAs.
+//! - Batches of 8+ tokens: [`packed`] gives a packer that unpacks a task's rows once into
+//!   [`Packed`] and kernels that read them back with plain loads (same arithmetic as above).
 
 // Index loops over the const-generic tile dimensions read more plainly than zipped iterators.
 #![allow(clippy::needless_range_loop)]
@@ -665,4 +667,417 @@ unsafe fn dot_bf16<const R: usize, const N: usize>(
         |p| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(load256(p)))),
         |p| f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16),
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched path: a task's rows are unpacked once ("packed") into registers-ready form, then every
+// token group reads them back with plain loads. For a prompt of n tokens this moves the weight
+// unpacking (nibbles, high bits, f16 scales, 6-bit K scales) out of the n/4 token sweeps.
+
+/// A task's weight rows unpacked for the batched kernels (a reusable buffer).
+#[derive(Default)]
+pub(crate) struct Packed {
+    /// Unsigned quants: per row, 64 bytes per pair of 32-blocks, or 256 per K super-block.
+    u: Vec<u8>,
+    /// 32-blocks: per row and pair, `[dw0 ×8, dw1 ×8]` then (affine) `[m0 ×8, m1 ×8]`.
+    /// K-quants: per row and super-block, `d` and `−dmin`.
+    f: Vec<f32>,
+    /// K-quants: per row and super-block, 4 × 32 i16 sub-block scales for `vpdpwssd`, then 16
+    /// i16 coefficients of the `bsums` (`m_j` pairs for Q4_K/Q5_K, `−32·sc_j` for Q6_K).
+    s: Vec<i16>,
+    /// Row stride of `u`, `f`, `s` (in elements of each).
+    su: usize,
+    sf: usize,
+    ss: usize,
+}
+
+/// Packs `nrows` rows (each `rb` bytes) of `w` into a [`Packed`].
+pub(crate) type Packer = fn(w: &[u8], rb: usize, nrows: usize, out: &mut Packed);
+/// Computes the tile of packed rows `r0..r0+nr` × tokens `t0..t0+nt` into `out[i * NT + t]`.
+pub(crate) type PackedKernel =
+    fn(p: &Packed, r0: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]);
+
+/// Wraps `$f::<R, N>(p, r0, a, t0, out)` into a [`PackedKernel`], with at most `$r4` rows for
+/// 3–4 tokens (4 rows otherwise).
+macro_rules! packed_tiles {
+    ($f:ident, $r4:expr) => {
+        |p: &Packed, r0: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
+            assert!((1..=NT).contains(&nt) && t0 + nt <= a.n && out.len() >= nr * NT);
+            assert!(
+                (r0 + nr) * p.su <= p.u.len()
+                    && (r0 + nr) * p.sf <= p.f.len()
+                    && (r0 + nr) * p.ss <= p.s.len()
+            );
+            let rmax: usize = if nt <= 2 { 4 } else { $r4 };
+            let mut i = 0;
+            while i < nr {
+                let r = match (nr - i).min(rmax) {
+                    4.. => 4,
+                    2 | 3 => 2,
+                    _ => 1,
+                };
+                let o = &mut out[i * NT..];
+                // SAFETY: only selected on AVX-512 F/BW/VL/VNNI CPUs; packed rows r0+i..r0+i+r
+                // and tokens t0..t0+nt exist (asserted above).
+                unsafe {
+                    match (r, nt) {
+                        (1, 1) => $f::<1, 1>(p, r0 + i, a, t0, o),
+                        (1, 2) => $f::<1, 2>(p, r0 + i, a, t0, o),
+                        (1, 3) => $f::<1, 3>(p, r0 + i, a, t0, o),
+                        (1, _) => $f::<1, 4>(p, r0 + i, a, t0, o),
+                        (2, 1) => $f::<2, 1>(p, r0 + i, a, t0, o),
+                        (2, 2) => $f::<2, 2>(p, r0 + i, a, t0, o),
+                        (2, 3) => $f::<2, 3>(p, r0 + i, a, t0, o),
+                        (2, _) => $f::<2, 4>(p, r0 + i, a, t0, o),
+                        (_, 1) => $f::<4, 1>(p, r0 + i, a, t0, o),
+                        (_, 2) => $f::<4, 2>(p, r0 + i, a, t0, o),
+                        (_, 3) => $f::<4, 3>(p, r0 + i, a, t0, o),
+                        (_, _) => $f::<4, 4>(p, r0 + i, a, t0, o),
+                    }
+                }
+                i += r;
+            }
+        }
+    };
+}
+/// The batched path for `ty` and rows of `cols` values, if there is one.
+pub(crate) fn packed(ty: GgmlType, cols: usize) -> Option<(Packer, PackedKernel)> {
+    if ty.block_size() == QK && (cols / QK) % 2 == 1 {
+        return None; // an odd last block: the direct kernels handle it
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => (pack32::<Q4_0>, packed_tiles!(pk32_q4_0, 4)),
+        GgmlType::Q4_1 => (pack32::<Q4_1>, packed_tiles!(pk32_q4_1, 4)),
+        GgmlType::Q5_0 => (pack32::<Q5_0>, packed_tiles!(pk32_q5_0, 4)),
+        GgmlType::Q5_1 => (pack32::<Q5_1>, packed_tiles!(pk32_q5_1, 4)),
+        GgmlType::Q8_0 => (pack32::<Q8_0>, packed_tiles!(pk32_q8_0, 4)),
+        GgmlType::Q4_K => (pack_q4k::<false>, packed_tiles!(pk_k_min, 2)),
+        GgmlType::Q5_K => (pack_q4k::<true>, packed_tiles!(pk_k_min, 2)),
+        GgmlType::Q6_K => (pack_q6k, packed_tiles!(pk_k_fold, 2)),
+        _ => return None,
+    })
+}
+
+/// Sets the length of `v` to at least `n` (contents are overwritten by the packer).
+fn reserve<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+fn pack32<F: Fmt32>(w: &[u8], rb: usize, nrows: usize, out: &mut Packed) {
+    assert!(w.len() >= nrows * rb);
+    let np = rb / F::BB / 2;
+    out.su = np * 64;
+    out.sf = np * if F::AFFINE { 32 } else { 16 };
+    out.ss = 0;
+    reserve(&mut out.u, nrows * out.su);
+    reserve(&mut out.f, nrows * out.sf);
+    // SAFETY: AVX-512 was detected (this packer is only selected then); every read is inside
+    // the asserted rows and every write inside the reserved buffers.
+    unsafe { pack32_impl::<F>(w, rb, nrows, out, np) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack32_impl<F: Fmt32>(w: &[u8], rb: usize, nrows: usize, out: &mut Packed, np: usize) {
+    for r in 0..nrows {
+        let row = w.as_ptr().add(r * rb);
+        let u = out.u.as_mut_ptr().add(r * out.su);
+        let f = out.f.as_mut_ptr().add(r * out.sf);
+        for p in 0..np {
+            let b = row.add(2 * p * F::BB);
+            _mm512_storeu_si512(u.add(64 * p) as *mut __m512i, F::unpack2(b));
+            let fp = f.add(p * if F::AFFINE { 32 } else { 16 });
+            _mm512_storeu_ps(fp, f16_pair(b, b.add(F::BB)));
+            if F::AFFINE {
+                _mm512_storeu_ps(fp.add(16), f16_pair(b.add(F::M_AT), b.add(F::BB + F::M_AT)));
+            }
+        }
+    }
+}
+
+/// The packed R × N tile of a 32-element format.
+#[inline(always)]
+unsafe fn pk32<F: Fmt32, const R: usize, const N: usize>(
+    pk: &Packed,
+    r0: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let np = a.npairs();
+    debug_assert_eq!(pk.su, np * 64);
+    let fs = if F::AFFINE { 32 } else { 16 };
+    let u: [*const u8; R] = std::array::from_fn(|r| pk.u.as_ptr().add((r0 + r) * pk.su));
+    let f: [*const f32; R] = std::array::from_fn(|r| pk.f.as_ptr().add((r0 + r) * pk.sf));
+    let q: [*const u8; N] = std::array::from_fn(|t| a.q(t0 + t).as_ptr() as *const u8);
+    let base = |t: usize| (t0 + t) * np * 16;
+    let dv: [*const f32; N] = std::array::from_fn(|t| a.dv[base(t)..].as_ptr());
+    let nis: [*const i32; N] = std::array::from_fn(|t| a.nis[base(t)..].as_ptr());
+    let sv: [*const f32; N] = std::array::from_fn(|t| {
+        if F::AFFINE {
+            a.sv[base(t)..].as_ptr()
+        } else {
+            dv[t]
+        }
+    });
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for p in 0..np {
+        let uw: [__m512i; R] = std::array::from_fn(|r| load512(u[r].add(64 * p)));
+        let dw: [__m512; R] = std::array::from_fn(|r| _mm512_loadu_ps(f[r].add(fs * p)));
+        for t in 0..N {
+            let av = load512(q[t].add(2 * p * QK));
+            let dvt = _mm512_loadu_ps(dv[t].add(16 * p));
+            let init = if F::SHIFT.is_some() {
+                _mm512_loadu_si512(nis[t].add(16 * p) as *const __m512i)
+            } else {
+                _mm512_setzero_si512()
+            };
+            for r in 0..R {
+                let s = _mm512_dpbusd_epi32(init, uw[r], av);
+                acc[r][t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dvt), acc[r][t]);
+                if F::AFFINE {
+                    let mw = _mm512_loadu_ps(f[r].add(fs * p + 16));
+                    acc[r][t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(sv[t].add(16 * p)), acc[r][t]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..N {
+            out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+macro_rules! pk32_kernel {
+    ($name:ident, $fmt:ty) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name<const R: usize, const N: usize>(
+            p: &Packed,
+            r0: usize,
+            a: &Acts,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            pk32::<$fmt, R, N>(p, r0, a, t0, out)
+        }
+    };
+}
+pk32_kernel!(pk32_q4_0, Q4_0);
+pk32_kernel!(pk32_q4_1, Q4_1);
+pk32_kernel!(pk32_q5_0, Q5_0);
+pk32_kernel!(pk32_q5_1, Q5_1);
+pk32_kernel!(pk32_q8_0, Q8_0);
+
+/// Per K super-block in [`Packed`]: 256 quant bytes; 4 × 32 + 16 i16; 2 floats.
+const K_U: usize = 256;
+const K_S: usize = 4 * 32 + 16;
+const K_F: usize = 2;
+
+fn pack_q4k<const HIGH: bool>(w: &[u8], rb: usize, nrows: usize, out: &mut Packed) {
+    pack_k(
+        w,
+        rb,
+        nrows,
+        out,
+        if HIGH { 176 } else { 144 },
+        if HIGH {
+            pack_q4k_impl::<true>
+        } else {
+            pack_q4k_impl::<false>
+        },
+    )
+}
+
+fn pack_q6k(w: &[u8], rb: usize, nrows: usize, out: &mut Packed) {
+    pack_k(w, rb, nrows, out, 210, pack_q6k_impl)
+}
+
+/// Shared driver of the K packers: sizes the buffers and runs `block` on each super-block.
+fn pack_k(
+    w: &[u8],
+    rb: usize,
+    nrows: usize,
+    out: &mut Packed,
+    bb: usize,
+    block: unsafe fn(*const u8, *mut u8, *mut i16, *mut f32),
+) {
+    assert!(w.len() >= nrows * rb);
+    let nb = rb / bb;
+    out.su = nb * K_U;
+    out.ss = nb * K_S;
+    out.sf = nb * K_F;
+    reserve(&mut out.u, nrows * out.su);
+    reserve(&mut out.s, nrows * out.ss);
+    reserve(&mut out.f, nrows * out.sf);
+    for r in 0..nrows {
+        for ib in 0..nb {
+            // SAFETY: AVX-512 was detected (the packers are only selected then); the block is
+            // inside the asserted rows and the outputs inside the reserved buffers.
+            unsafe {
+                block(
+                    w.as_ptr().add(r * rb + ib * bb),
+                    out.u.as_mut_ptr().add(r * out.su + ib * K_U),
+                    out.s.as_mut_ptr().add(r * out.ss + ib * K_S),
+                    out.f.as_mut_ptr().add(r * out.sf + ib * K_F),
+                )
+            };
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack_q4k_impl<const HIGH: bool>(b: *const u8, u: *mut u8, s: *mut i16, f: *mut f32) {
+    let qs_at = if HIGH { 48 } else { 16 };
+    let m4 = _mm512_set1_epi8(0x0F);
+    let shifts = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    let (sc, mn) = k4_scales_mins(&*(b.add(4) as *const [u8; 12]));
+    let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+        sc.as_ptr() as *const __m128i
+    )));
+    for k in 0..4 {
+        let qv = _mm512_broadcast_i64x4(load256(b.add(qs_at + 32 * k)));
+        let mut uv = _mm512_and_si512(_mm512_srlv_epi64(qv, shifts), m4);
+        if HIGH {
+            let qh = _mm512_broadcast_i64x4(load256(b.add(16)));
+            let bits = _mm512_inserti64x4::<1>(
+                _mm512_set1_epi8((1u8 << (2 * k)) as i8),
+                _mm256_set1_epi8((2u8 << (2 * k)) as i8),
+            );
+            uv = _mm512_mask_add_epi8(
+                uv,
+                _mm512_test_epi8_mask(qh, bits),
+                uv,
+                _mm512_set1_epi8(16),
+            );
+        }
+        _mm512_storeu_si512(u.add(64 * k) as *mut __m512i, uv);
+        let sv = _mm512_permutexvar_epi16(spread_idx(2 * k as i16, 16), sc16);
+        _mm512_storeu_si512(s.add(32 * k) as *mut __m512i, sv);
+    }
+    _mm256_storeu_si256(s.add(128) as *mut __m256i, mins_x2(&mn));
+    *f = f16_at(b);
+    *f.add(1) = -f16_at(b.add(2));
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack_q6k_impl(b: *const u8, u: *mut u8, s: *mut i16, f: *mut f32) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    let sh_lo_l = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
+    let sh_hi_r = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    let sc = _mm256_cvtepi8_epi16(load128(b.add(192)));
+    let sc16 = _mm512_castsi256_si512(sc);
+    for n in 0..2 {
+        let ql = load512(b.add(64 * n));
+        let qh = _mm512_broadcast_i64x4(load256(b.add(128 + 32 * n)));
+        let lo = _mm512_or_si512(
+            _mm512_and_si512(ql, m4),
+            _mm512_and_si512(_mm512_sllv_epi64(qh, sh_lo_l), m30),
+        );
+        let hi = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi64::<4>(ql), m4),
+            _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi_r), m30),
+        );
+        _mm512_storeu_si512(u.add(128 * n) as *mut __m512i, lo);
+        _mm512_storeu_si512(u.add(128 * n + 64) as *mut __m512i, hi);
+    }
+    for m in 0..4 {
+        let sv = _mm512_permutexvar_epi16(spread_idx(4 * m as i16, 8), sc16);
+        _mm512_storeu_si512(s.add(32 * m) as *mut __m512i, sv);
+    }
+    let nsc = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc));
+    _mm256_storeu_si256(s.add(128) as *mut __m256i, nsc);
+    *f = f16_at(b.add(208));
+    *f.add(1) = 0.0;
+}
+
+/// The packed R × N tile of a K-quant. `FOLD` (Q6_K): the bsums term is an integer offset added
+/// before the conversion; otherwise (Q4_K, Q5_K) it is the mins term, scaled by `−dmin`.
+#[inline(always)]
+unsafe fn pk_k<const R: usize, const N: usize, const FOLD: bool>(
+    pk: &Packed,
+    r0: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let nb = a.nb();
+    debug_assert_eq!(pk.su, nb * K_U);
+    let u: [*const u8; R] = std::array::from_fn(|r| pk.u.as_ptr().add((r0 + r) * pk.su));
+    let s: [*const i16; R] = std::array::from_fn(|r| pk.s.as_ptr().add((r0 + r) * pk.ss));
+    let f: [*const f32; R] = std::array::from_fn(|r| pk.f.as_ptr().add((r0 + r) * pk.sf));
+    let q: [*const u8; N] = std::array::from_fn(|t| a.q(t0 + t).as_ptr() as *const u8);
+    let d8: [*const f32; N] = std::array::from_fn(|t| a.d(t0 + t).as_ptr());
+    let bs: [*const i16; N] = std::array::from_fn(|t| a.bsums(t0 + t).as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for ib in 0..nb {
+        let mut acci = [[_mm512_setzero_si512(); N]; R];
+        if FOLD {
+            for r in 0..R {
+                let c = load256(s[r].add(ib * K_S + 128) as *const u8);
+                for t in 0..N {
+                    let bsv = load256(bs[t].add(16 * ib) as *const u8);
+                    acci[r][t] = _mm512_zextsi256_si512(_mm256_madd_epi16(c, bsv));
+                }
+            }
+        }
+        for k in 0..4 {
+            for r in 0..R {
+                let uv = load512(u[r].add(ib * K_U + 64 * k));
+                let sv = load512(s[r].add(ib * K_S + 32 * k) as *const u8);
+                for t in 0..N {
+                    let av = load512(q[t].add(ib * QK_K + 64 * k));
+                    acci[r][t] = _mm512_dpwssd_epi32(acci[r][t], _mm512_maddubs_epi16(uv, av), sv);
+                }
+            }
+        }
+        for r in 0..R {
+            let d = _mm512_set1_ps(*f[r].add(ib * K_F));
+            let c = load256(s[r].add(ib * K_S + 128) as *const u8);
+            let ndmin = _mm512_set1_ps(*f[r].add(ib * K_F + 1));
+            for t in 0..N {
+                let dy = _mm512_set1_ps(*d8[t].add(ib));
+                acc[r][t] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acci[r][t]),
+                    _mm512_mul_ps(d, dy),
+                    acc[r][t],
+                );
+                if !FOLD {
+                    let bsv = load256(bs[t].add(16 * ib) as *const u8);
+                    let mi = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(c, bsv)));
+                    acc[r][t] = _mm512_fmadd_ps(mi, _mm512_mul_ps(ndmin, dy), acc[r][t]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..N {
+            out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pk_k_min<const R: usize, const N: usize>(
+    p: &Packed,
+    r0: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    pk_k::<R, N, false>(p, r0, a, t0, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pk_k_fold<const R: usize, const N: usize>(
+    p: &Packed,
+    r0: usize,
+    a: &Acts,
+    t0: usize,
+    out: &mut [f32],
+) {
+    pk_k::<R, N, true>(p, r0, a, t0, out)
 }

@@ -11,8 +11,12 @@
 //! - `scalar`: the portable kernels, also the reference for tests.
 //! - `avx2` / `avx512`: x86-64 kernels behind runtime feature detection (never AMX).
 //!
-//! Work is split over output rows with rayon in the *current* pool; for a batch of tokens each task
-//! keeps a few weight rows in cache while it sweeps all token rows.
+//! Work is split over output rows with rayon in the *current* pool. Kernels compute tiles of up to
+//! 4 rows × 4 tokens; for a batch each task keeps its rows in cache while it sweeps all token
+//! rows, and on AVX-512 a batch of 8 or more tokens first unpacks the task's rows once (nibbles,
+//! high bits, f16 and 6-bit scales) so that the token sweeps only load them. Decode (one token)
+//! streams the weights once, with software prefetch a few KiB ahead. No allocation per call
+//! beyond thread-local buffers that are reused.
 
 pub mod ops;
 
@@ -294,6 +298,25 @@ fn prefetch(p: &u8) {
     let _ = p;
 }
 
+/// Token rows from which a batch unpacks each task's weights once (AVX-512 only).
+#[cfg(target_arch = "x86_64")]
+const PACK_MIN_TOKENS: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+type PackedPath = (avx512::Packer, avx512::PackedKernel);
+#[cfg(not(target_arch = "x86_64"))]
+type PackedPath = std::convert::Infallible;
+
+/// The batched path for this call, if it takes one.
+fn packed_for(level: Level, w: &Matrix, n_tokens: usize) -> Option<PackedPath> {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx512 && n_tokens >= PACK_MIN_TOKENS {
+        return avx512::packed(w.ty, w.cols);
+    }
+    let _ = (level, w, n_tokens);
+    None
+}
+
 /// A raw output pointer shared by the row tasks, each of which writes a disjoint set of indices.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -335,7 +358,11 @@ fn matmul_at(level: Level, w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]
     let mut acts = SCRATCH.with(|s| s.take()).unwrap_or_default();
     acts.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
     let kernel = kernel_for(level, w.ty);
-    run_rows(kernel, w, &acts, n_tokens, y);
+    match packed_for(level, w, n_tokens) {
+        #[cfg(target_arch = "x86_64")]
+        Some((packer, pk)) => run_rows_packed(packer, pk, w, &acts, n_tokens, y),
+        _ => run_rows(kernel, w, &acts, n_tokens, y),
+    }
     SCRATCH.with(|s| s.set(Some(acts)));
     Ok(())
 }
@@ -400,6 +427,70 @@ fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f
             }
             t0 += nt;
         }
+    };
+    if n_chunks == 1 || threads == 1 {
+        (0..n_chunks).for_each(task);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(task);
+    }
+}
+
+/// Rows per task of the batched path: the unpacked rows (2–3× their packed size) stay in L2.
+#[cfg(target_arch = "x86_64")]
+const PACK_CHUNK_BYTES: usize = 48 * 1024;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Each worker's unpacked rows (taken out during a task, so a nested call just allocates).
+    static PACKED: std::cell::Cell<Option<Box<avx512::Packed>>> = const { std::cell::Cell::new(None) };
+}
+
+/// [`run_rows`] for a batch on the AVX-512 batched path: each task unpacks its rows once, then
+/// sweeps all token groups over them.
+#[cfg(target_arch = "x86_64")]
+fn run_rows_packed(
+    packer: avx512::Packer,
+    pk: avx512::PackedKernel,
+    w: &Matrix,
+    acts: &Acts,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let rows = w.rows;
+    let rb = w.row_bytes();
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = rows
+        .div_ceil(threads * 4)
+        .clamp(MR, (PACK_CHUNK_BYTES / rb.max(1)).max(MR))
+        .div_ceil(MR)
+        * MR;
+    let n_chunks = rows.div_ceil(chunk);
+    let out = OutPtr(y.as_mut_ptr());
+    let task = move |c: usize| {
+        let out = out;
+        let r0 = c * chunk;
+        let r1 = (r0 + chunk).min(rows);
+        let mut packed = PACKED.with(|p| p.take()).unwrap_or_default();
+        packer(&w.data[r0 * rb..r1 * rb], rb, r1 - r0, &mut packed);
+        let mut tile = [0f32; MR * NT];
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let nt = (n_tokens - t0).min(NT);
+            let mut r = r0;
+            while r < r1 {
+                let nr = (r1 - r).min(MR);
+                pk(&packed, r - r0, nr, acts, t0, nt, &mut tile);
+                for i in 0..nr {
+                    for t in 0..nt {
+                        // SAFETY: as in run_rows: in bounds, and rows r0..r1 are this task's.
+                        unsafe { *out.0.add((t0 + t) * rows + r + i) = tile[i * NT + t] };
+                    }
+                }
+                r += nr;
+            }
+            t0 += nt;
+        }
+        PACKED.with(|p| p.set(Some(packed)));
     };
     if n_chunks == 1 || threads == 1 {
         (0..n_chunks).for_each(task);

@@ -444,3 +444,25 @@ fn simd_activation_quantisers_are_bit_exact() {
         }
     }
 }
+
+#[test]
+fn unaligned_weights_give_the_same_result() {
+    let mut rng = Rng(31337);
+    for &ty in TYPES {
+        let (rows, cols, n) = (9, col_choices(ty)[1], 5);
+        let data = random_matrix(&mut rng, ty, rows, cols);
+        let mut shifted = vec![0u8; data.len() + 1];
+        shifted[1..].copy_from_slice(&data);
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        for simd in levels() {
+            let a = run(simd, &Matrix::new(ty, rows, cols, &data).unwrap(), &x, n);
+            let b = run(
+                simd,
+                &Matrix::new(ty, rows, cols, &shifted[1..]).unwrap(),
+                &x,
+                n,
+            );
+            assert_eq!(a, b, "{simd} {ty}");
+        }
+    }
+}

@@ -87,7 +87,7 @@ impl GgmlType {
     /// or the size overflows.
     pub fn row_bytes(self, n: u64) -> Result<u64> {
         let block = self.block_size() as u64;
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return Err(Error::InvalidArgument(format!(
                 "{} elements is not a multiple of the {} block size {block}",
                 n,
