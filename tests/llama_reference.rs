@@ -37,8 +37,8 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn check_model(model: DefaultModel, reference: &str) {
-    let model = Model::open(model_path(model)).unwrap();
+fn check_model(path: &std::path::Path, reference: &str) {
+    let model = Model::open(path).unwrap();
     let pool = hotcold::engine::thread_pool(2).unwrap();
     for r in references(reference) {
         let prompt = ids(&r["prompt_ids"]);
@@ -90,13 +90,28 @@ fn check_model(model: DefaultModel, reference: &str) {
 
 #[test]
 fn gemma_matches_llama_cpp() {
-    check_model(DefaultModel::Gemma3_270m, "gemma-3-270m");
+    check_model(&model_path(DefaultModel::Gemma3_270m), "gemma-3-270m");
 }
 
 #[test]
 fn qwen_matches_llama_cpp() {
     check_model(
-        DefaultModel::Qwen25Coder05bInstruct,
+        &model_path(DefaultModel::Qwen25Coder05bInstruct),
         "qwen2.5-coder-0.5b-instruct",
     );
+}
+
+/// The `llama` architecture (adjacent-pair RoPE) on real weights: Qwen2's file relabelled.
+#[test]
+fn llama_architecture_matches_llama_cpp() {
+    let dir = std::env::temp_dir().join(format!("hotcold-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen-as-llama.gguf");
+    common::relabel::relabel(
+        &model_path(DefaultModel::Qwen25Coder05bInstruct),
+        "llama",
+        &path,
+    );
+    check_model(&path, "qwen-as-llama");
+    std::fs::remove_dir_all(&dir).ok();
 }

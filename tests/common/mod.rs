@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod mutate;
+pub mod relabel;
 
 use std::path::PathBuf;
 

@@ -55,5 +55,12 @@ Write a haiku about Rust.<|im_end|>
 <|im_start|>assistant
 " \
   "SELECT name FROM users WHERE"
+# The `llama` architecture (NORM RoPE), on real weights: Qwen2's file relabelled as `llama`.
+RELABEL_SRC=$CACHE/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf RELABEL_ARCH=llama RELABEL_DST=$TMP/qwen-as-llama.gguf \
+  cargo test -q --release --test relabel_tool -- --ignored >/dev/null
+run qwen-as-llama "$TMP/qwen-as-llama.gguf" \
+  "def quicksort(arr):" \
+  "The capital of France is" \
+  "SELECT name FROM users WHERE"
 rm -rf "$TMP"
 wc -l tests/data/llama_cpp/*.jsonl
