@@ -193,6 +193,14 @@ mod tests {
     }
 
     #[test]
+    fn dot_f32_matches_a_plain_sum() {
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.125).collect();
+        let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot_f32(&a, &b) - plain).abs() < 1e-3);
+    }
+
+    #[test]
     fn softmax_sums_to_one() {
         let mut x = vec![1.0, 2.0, 3.0, -1000.0];
         softmax(&mut x);
@@ -209,4 +217,23 @@ mod tests {
         assert_eq!(gelu_ggml(12.0), 12.0);
         assert_eq!(gelu_ggml(-11.0), 0.0);
     }
+}
+
+/// `a · b` in f32 with sixteen independent partial sums (so that it vectorises).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xa, xb) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += xa[i] * xb[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }

@@ -3,13 +3,16 @@
 //! Precision follows ggml's attention over an f16 cache: the query is rounded to f16 before its
 //! dot products with the keys, and the softmax weights are rounded to f16 before they weigh the
 //! values (ggml converts both operands of an f16 matrix product to f16); sums are in f32.
+//!
+//! Work is split over (token, KV head) pairs: the query heads that share a KV head are handled
+//! together, so each cached key and value is converted from f16 once per group, not per head.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::kv_cache::KvCache;
-use crate::cpu::ops::softmax;
+use crate::cpu::ops::{dot_f32, softmax};
 
 /// The attention problem of one layer for a batch of query tokens.
 pub struct AttentionShape {
@@ -27,6 +30,14 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
+/// Per-task buffers.
+#[derive(Default)]
+struct Scratch {
+    q16: Vec<f32>,
+    scores: Vec<f32>,
+    row: Vec<f32>,
+}
+
 /// For each query token `t` (at position `pos0 + t`) and head, `out = softmax(scale · q·K) · V`
 /// over the positions it may see. `q` is `n × n_head × head_dim`; `out` is `n × n_head × head_dim_v`.
 pub fn attend(
@@ -38,51 +49,42 @@ pub fn attend(
     out: &mut [f32],
 ) {
     let group = shape.n_head / shape.n_head_kv;
-    out.par_chunks_mut(shape.head_dim_v)
+    let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
+    out.par_chunks_mut(group * hd_v)
         .enumerate()
-        .for_each_init(
-            || {
-                (
-                    Vec::new(),
-                    vec![0f32; shape.head_dim.max(shape.head_dim_v)],
-                    vec![0f32; shape.head_dim],
-                )
-            },
-            |(scores, row, q16), (i, out)| {
-                let (t, h) = (i / shape.n_head, i % shape.n_head);
-                let p = pos0 + t;
-                let first = shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
-                let kv_head = h / group;
-                for (r, &x) in q16
-                    .iter_mut()
-                    .zip(&q[i * shape.head_dim..(i + 1) * shape.head_dim])
-                {
-                    *r = f16::from_f32(x).to_f32();
+        .for_each_init(Scratch::default, |s, (i, out)| {
+            let (t, kv_head) = (i / shape.n_head_kv, i % shape.n_head_kv);
+            let p = pos0 + t;
+            let first = shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
+            let n_keys = p + 1 - first;
+            let q_start = (t * shape.n_head + kv_head * group) * hd;
+            s.q16.clear();
+            s.q16.extend(
+                q[q_start..q_start + group * hd]
+                    .iter()
+                    .map(|&x| f16::from_f32(x).to_f32()),
+            );
+            s.scores.resize(group * n_keys, 0.0);
+            s.row.resize(hd.max(hd_v), 0.0);
+            for (jj, j) in (first..=p).enumerate() {
+                let k = &mut s.row[..hd];
+                cache.key(il, j, kv_head, hd).convert_to_f32_slice(k);
+                for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
+                    s.scores[g * n_keys + jj] = dot_f32(qh, k) * shape.scale;
                 }
-                scores.clear();
-                for j in first..=p {
-                    let k = cache.key(il, j, kv_head, shape.head_dim);
-                    scores.push(dot_f16(q16, k, row) * shape.scale);
+            }
+            for w in s.scores.chunks_exact_mut(n_keys) {
+                softmax(w);
+                w.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+            }
+            out.fill(0.0);
+            for (jj, j) in (first..=p).enumerate() {
+                let v = &mut s.row[..hd_v];
+                cache.value(il, j, kv_head, hd_v).convert_to_f32_slice(v);
+                for (g, o) in out.chunks_exact_mut(hd_v).enumerate() {
+                    let w = s.scores[g * n_keys + jj];
+                    o.iter_mut().zip(v.iter()).for_each(|(o, &x)| *o += w * x);
                 }
-                softmax(scores);
-                scores
-                    .iter_mut()
-                    .for_each(|w| *w = f16::from_f32(*w).to_f32());
-                out.fill(0.0);
-                for (j, &w) in (first..=p).zip(scores.iter()) {
-                    let v = cache.value(il, j, kv_head, shape.head_dim_v);
-                    let v32 = &mut row[..shape.head_dim_v];
-                    v.convert_to_f32_slice(v32);
-                    for (o, &x) in out.iter_mut().zip(v32.iter()) {
-                        *o += w * x;
-                    }
-                }
-            },
-        );
-}
-
-fn dot_f16(q: &[f32], k: &[f16], tmp: &mut [f32]) -> f32 {
-    let k32 = &mut tmp[..k.len()];
-    k.convert_to_f32_slice(k32);
-    q.iter().zip(k32.iter()).map(|(a, b)| a * b).sum()
+            }
+        });
 }
