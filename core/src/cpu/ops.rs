@@ -152,6 +152,25 @@ pub fn gated(gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
     }
 }
 
+/// `a · b` in f32 with sixteen independent partial sums (so that it vectorises).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xa, xb) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += xa[i] * xb[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,23 +236,4 @@ mod tests {
         assert_eq!(gelu_ggml(12.0), 12.0);
         assert_eq!(gelu_ggml(-11.0), 0.0);
     }
-}
-
-/// `a · b` in f32 with sixteen independent partial sums (so that it vectorises).
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut acc = [0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (xa, xb) in ca.zip(cb) {
-        for i in 0..LANES {
-            acc[i] += xa[i] * xb[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
