@@ -161,9 +161,18 @@ impl<'m> Session<'m> {
     ) -> Result<Vec<f32>> {
         let hp = &self.model.hp;
         let h = self.norm_rows(x, &layer.attn_norm);
-        let mut q = self.projection(&layer.wq, layer.bq.as_deref(), &h, n)?;
-        let mut k = self.projection(&layer.wk, layer.bk.as_deref(), &h, n)?;
-        let v = self.projection(&layer.wv, layer.bv.as_deref(), &h, n)?;
+        // The three projections run as one parallel region (nested rayon tasks), so the workers
+        // synchronise once instead of three times.
+        let (q, (k, v)) = rayon::join(
+            || self.projection(&layer.wq, layer.bq.as_deref(), &h, n),
+            || {
+                rayon::join(
+                    || self.projection(&layer.wk, layer.bk.as_deref(), &h, n),
+                    || self.projection(&layer.wv, layer.bv.as_deref(), &h, n),
+                )
+            },
+        );
+        let (mut q, mut k, v) = (q?, k?, v?);
         if let Some(w) = &layer.q_norm {
             q.chunks_exact_mut(hp.head_dim)
                 .for_each(|head| ops::rms_norm(head, w, hp.rms_eps));
@@ -208,8 +217,11 @@ impl<'m> Session<'m> {
 
     fn feed_forward(&self, layer: &LayerWeights, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let h = self.norm_rows(x, &layer.ffn_norm);
-        let mut gate = self.matmul(&layer.gate, &h, n)?;
-        let up = self.matmul(&layer.up, &h, n)?;
+        let (gate, up) = rayon::join(
+            || self.matmul(&layer.gate, &h, n),
+            || self.matmul(&layer.up, &h, n),
+        );
+        let (mut gate, up) = (gate?, up?);
         let act = match self.model.hp.ffn_act {
             FfnActivation::Silu => ops::silu,
             FfnActivation::Gelu => ops::gelu_ggml,
