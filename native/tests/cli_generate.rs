@@ -1,25 +1,14 @@
 //! `hotcold run` and `hotcold perplexity` end to end: greedy text as llama.cpp writes it,
 //! perplexity within 1% of `llama-perplexity`, and clear errors for bad input.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{hotcold, model};
 use hotcold_core::gguf::{GgufWriter, Magic, MetaValue};
 use hotcold_core::models::DefaultModel;
-
-fn hotcold(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hotcold"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn model(m: DefaultModel) -> String {
-    match m.locate() {
-        Ok(p) => p.to_string_lossy().into_owned(),
-        Err(e) => panic!("{e} (run bash scripts/fetch-models.sh)"),
-    }
-}
 
 fn repo_file(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,24 +1,12 @@
 //! `hotcold inspect` on the real models (text and JSON) and on broken files (a clear error and a
 //! non-zero exit, never a panic).
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
+use common::{hotcold, model};
 use hotcold_core::models::DefaultModel;
-
-fn hotcold(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hotcold"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn model(m: DefaultModel) -> String {
-    match m.locate() {
-        Ok(p) => p.to_string_lossy().into_owned(),
-        Err(e) => panic!("{e} (run bash scripts/fetch-models.sh)"),
-    }
-}
 
 fn reference_table(m: DefaultModel) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -68,6 +68,36 @@ fn check_len(ty: GgmlType, elems: usize, bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Calls `$run::<Block>($a, $b)` with the block type of `$ty`, or returns
+/// [`Error::UnsupportedType`] for operation `$op`.
+macro_rules! with_block_type {
+    ($ty:expr, $op:literal, $run:ident($a:expr, $b:expr)) => {
+        match $ty {
+            GgmlType::F32 => $run::<f32>($a, $b),
+            GgmlType::F16 => $run::<f16>($a, $b),
+            GgmlType::BF16 => $run::<bf16>($a, $b),
+            GgmlType::Q4_0 => $run::<BlockQ4_0>($a, $b),
+            GgmlType::Q4_1 => $run::<BlockQ4_1>($a, $b),
+            GgmlType::Q5_0 => $run::<BlockQ5_0>($a, $b),
+            GgmlType::Q5_1 => $run::<BlockQ5_1>($a, $b),
+            GgmlType::Q8_0 => $run::<BlockQ8_0>($a, $b),
+            GgmlType::Q8_1 => $run::<BlockQ8_1>($a, $b),
+            GgmlType::Q2_K => $run::<BlockQ2K>($a, $b),
+            GgmlType::Q3_K => $run::<BlockQ3K>($a, $b),
+            GgmlType::Q4_K => $run::<BlockQ4K>($a, $b),
+            GgmlType::Q5_K => $run::<BlockQ5K>($a, $b),
+            GgmlType::Q6_K => $run::<BlockQ6K>($a, $b),
+            GgmlType::Q8_K => $run::<BlockQ8K>($a, $b),
+            other => {
+                return Err(Error::UnsupportedType {
+                    ty: other.name(),
+                    op: $op,
+                })
+            }
+        }
+    };
+}
+
 /// Dequantises `src`, exactly `dst.len()` elements of type `ty`, into `dst`, bit-exact with ggml.
 ///
 /// `src` may start at any address. Errors: [`Error::InvalidArgument`] when the lengths do not match
@@ -82,29 +112,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         });
     }
     check_len(ty, dst.len(), src.len())?;
-    match ty {
-        GgmlType::F32 => run::<f32>(src, dst),
-        GgmlType::F16 => run::<f16>(src, dst),
-        GgmlType::BF16 => run::<bf16>(src, dst),
-        GgmlType::Q4_0 => run::<BlockQ4_0>(src, dst),
-        GgmlType::Q4_1 => run::<BlockQ4_1>(src, dst),
-        GgmlType::Q5_0 => run::<BlockQ5_0>(src, dst),
-        GgmlType::Q5_1 => run::<BlockQ5_1>(src, dst),
-        GgmlType::Q8_0 => run::<BlockQ8_0>(src, dst),
-        GgmlType::Q8_1 => run::<BlockQ8_1>(src, dst),
-        GgmlType::Q2_K => run::<BlockQ2K>(src, dst),
-        GgmlType::Q3_K => run::<BlockQ3K>(src, dst),
-        GgmlType::Q4_K => run::<BlockQ4K>(src, dst),
-        GgmlType::Q5_K => run::<BlockQ5K>(src, dst),
-        GgmlType::Q6_K => run::<BlockQ6K>(src, dst),
-        GgmlType::Q8_K => run::<BlockQ8K>(src, dst),
-        _ => {
-            return Err(Error::UnsupportedType {
-                ty: ty.name(),
-                op: "dequantize",
-            })
-        }
-    }
+    with_block_type!(ty, "dequantize", run(src, dst));
     Ok(())
 }
 
@@ -123,29 +131,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         });
     }
     check_len(ty, src.len(), dst.len())?;
-    match ty {
-        GgmlType::F32 => run::<f32>(src, dst),
-        GgmlType::F16 => run::<f16>(src, dst),
-        GgmlType::BF16 => run::<bf16>(src, dst),
-        GgmlType::Q4_0 => run::<BlockQ4_0>(src, dst),
-        GgmlType::Q4_1 => run::<BlockQ4_1>(src, dst),
-        GgmlType::Q5_0 => run::<BlockQ5_0>(src, dst),
-        GgmlType::Q5_1 => run::<BlockQ5_1>(src, dst),
-        GgmlType::Q8_0 => run::<BlockQ8_0>(src, dst),
-        GgmlType::Q8_1 => run::<BlockQ8_1>(src, dst),
-        GgmlType::Q2_K => run::<BlockQ2K>(src, dst),
-        GgmlType::Q3_K => run::<BlockQ3K>(src, dst),
-        GgmlType::Q4_K => run::<BlockQ4K>(src, dst),
-        GgmlType::Q5_K => run::<BlockQ5K>(src, dst),
-        GgmlType::Q6_K => run::<BlockQ6K>(src, dst),
-        GgmlType::Q8_K => run::<BlockQ8K>(src, dst),
-        _ => {
-            return Err(Error::UnsupportedType {
-                ty: ty.name(),
-                op: "quantize",
-            })
-        }
-    }
+    with_block_type!(ty, "quantize", run(src, dst));
     Ok(())
 }
 
