@@ -1,7 +1,6 @@
 //! An opened GGUF file: its metadata, its tensor table and zero-copy access to tensor data.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use super::parse::parse_header;
@@ -70,7 +69,7 @@ pub struct GgufFile {
 impl GgufFile {
     /// Memory-maps and parses the file at `path`. Tensor data is not read until used.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<GgufFile> {
         let path = path.as_ref();
         let io = |source| Error::Io {
             path: path.to_owned(),

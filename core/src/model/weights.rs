@@ -1,6 +1,5 @@
 //! The weights of a dense model, resolved by role and shape-checked at load time.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use super::hparams::{Arch, HyperParams};
@@ -85,7 +84,7 @@ pub struct Model {
 impl Model {
     /// Maps and loads the model at `path`.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(path: impl AsRef<Path>) -> Result<Model> {
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Model> {
         Model::from_file(Arc::new(GgufFile::open(path)?))
     }
 
