@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/fetch-models.sh >/dev/null
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The core crate also serves the browser: keep it building (and lint-clean) for wasm32.
+cargo clippy -p hotcold-core --target wasm32-unknown-unknown --locked -- -D warnings
 cargo test --workspace --locked
