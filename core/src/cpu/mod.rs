@@ -19,6 +19,7 @@
 //! beyond thread-local buffers that are reused.
 
 pub mod ops;
+pub mod sparse;
 
 mod act;
 #[cfg(target_arch = "x86_64")]
@@ -37,6 +38,8 @@ use crate::quant::GgmlType;
 use crate::{Error, Result};
 
 use act::{ActKind, Acts};
+
+pub use sparse::{gather_matmul, sparse_axpy};
 
 /// A dense row-major weight matrix in one of ggml's formats, borrowed from a GGUF file (or any byte
 /// buffer): `rows` rows of `cols` elements each, every row `ty.row_bytes(cols)` bytes.

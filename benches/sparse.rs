@@ -1,0 +1,144 @@
+//! `cargo bench --bench sparse`: the sparse FFN operators at ReluLLaMA-7B's layer shape
+//! (n_embd 4096, n_ff 11008), decode (one token), F16 and Q4_0 weights.
+//!
+//! For gate/up (`n_ff × n_embd`): dense `matmul` vs `gather_matmul` of 10% and 100% of the rows.
+//! For down: dense `matmul` with the `n_embd × n_ff` matrix vs `sparse_axpy` over the transposed
+//! (`n_ff × n_embd`) matrix with 10% and 100% of the neurons active. Prints µs per call, GB/s of
+//! weight bytes read, and the ratio to the dense call.
+//!
+//! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
+//! shortens each measurement; `HOTCOLD_BENCH_SMALL=1` uses 2048 × 5504; `HOTCOLD_BENCH_TOKENS=n`
+//! times a batch of `n` tokens instead of one.
+
+use std::time::{Duration, Instant};
+
+use hotcold::cpu::{gather_matmul, matmul, simd_level, sparse_axpy, Matrix};
+use hotcold::quant::{quantize, GgmlType};
+
+/// Deterministic pseudo-random f32s in [-1, 1).
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `rows × cols` weights of `ty`: 256 distinct quantised rows repeated.
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let base_rows = rows.min(256);
+    let f = random_f32(base_rows * cols, 0x5eed ^ (rows * cols) as u64);
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut base = vec![0u8; base_rows * rb];
+    quantize(ty, &f, &mut base).unwrap();
+    let mut data = Vec::with_capacity(rows * rb);
+    while data.len() < rows * rb {
+        let take = (rows * rb - data.len()).min(base.len());
+        data.extend_from_slice(&base[..take]);
+    }
+    data
+}
+
+/// Seconds per call of `f`: the best of the calls made within `budget`.
+fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut total = 0usize;
+    while start.elapsed() < budget || total < 3 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        total += 1;
+    }
+    best
+}
+
+/// Every `1/frac`-th neuron or so, pseudo-randomly (sorted).
+fn active(n: usize, density: f64, seed: u64) -> Vec<u32> {
+    if density >= 1.0 {
+        return (0..n as u32).collect();
+    }
+    let r = random_f32(n, seed);
+    (0..n as u32)
+        .filter(|&i| (r[i as usize] as f64 + 1.0) / 2.0 < density)
+        .collect()
+}
+
+fn row(what: &str, ty: GgmlType, density: &str, secs: f64, bytes: usize, dense: f64) {
+    println!(
+        "{:<7} {:<5} {:>7} {:>10.1} {:>8.2} {:>8.3}",
+        what,
+        ty.name(),
+        density,
+        secs * 1e6,
+        bytes as f64 / secs / 1e9,
+        secs / dense
+    );
+}
+
+fn main() {
+    let quick = std::env::var_os("HOTCOLD_BENCH_QUICK").is_some();
+    let small = std::env::var_os("HOTCOLD_BENCH_SMALL").is_some();
+    let n: usize = std::env::var("HOTCOLD_BENCH_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let budget = Duration::from_millis(if quick { 100 } else { 500 });
+    let (n_embd, n_ff) = if small { (2048, 5504) } else { (4096, 11008) };
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    println!(
+        "hotcold sparse bench: simd = {}, threads = {threads}, n_embd = {n_embd}, n_ff = {n_ff}, tokens = {n}",
+        simd_level()
+    );
+    println!(
+        "{:<7} {:<5} {:>7} {:>10} {:>8} {:>8}",
+        "op", "type", "density", "µs/call", "GB/s", "/dense"
+    );
+    for ty in [GgmlType::F16, GgmlType::Q4_0] {
+        // gate/up: n_ff × n_embd
+        let up = weights(ty, n_ff, n_embd);
+        let w = Matrix::new(ty, n_ff, n_embd, &up).unwrap();
+        let rb = up.len() / n_ff;
+        let x = random_f32(n * n_embd, 7);
+        let mut y = vec![0f32; n * n_ff];
+        let dense = time(budget, || matmul(&w, &x, n, &mut y).unwrap());
+        row("up", ty, "dense", dense, up.len(), dense);
+        for (name, d) in [("10%", 0.1), ("100%", 1.0)] {
+            let idx = active(n_ff, d, 11);
+            let mut yg = vec![0f32; n * idx.len()];
+            let secs = time(budget, || gather_matmul(&w, &idx, &x, n, &mut yg).unwrap());
+            row("gather", ty, name, secs, idx.len() * rb, dense);
+        }
+        drop(up);
+
+        // down: dense n_embd × n_ff vs transposed n_ff × n_embd
+        let down = weights(ty, n_embd, n_ff);
+        let wd = Matrix::new(ty, n_embd, n_ff, &down).unwrap();
+        let h = random_f32(n * n_ff, 13);
+        let mut o = vec![0f32; n * n_embd];
+        let dense = time(budget, || matmul(&wd, &h, n, &mut o).unwrap());
+        row("down", ty, "dense", dense, down.len(), dense);
+        drop(down);
+        let down_t = weights(ty, n_ff, n_embd);
+        let wt = Matrix::new(ty, n_ff, n_embd, &down_t).unwrap();
+        for (name, d) in [("10%", 0.1), ("100%", 1.0)] {
+            let idx = active(n_ff, d, 17);
+            let mut a = vec![0f32; n * n_ff];
+            for t in 0..n {
+                for &i in &idx {
+                    a[t * n_ff + i as usize] = h[t * n_ff + i as usize];
+                }
+            }
+            let secs = time(budget, || sparse_axpy(&wt, &a, n, &mut o).unwrap());
+            row("axpy", ty, name, secs, idx.len() * rb, dense);
+        }
+    }
+}

@@ -1,0 +1,958 @@
+//! Sparse FFN operators: [`gather_matmul`] (gate/up rows of the active neurons) and
+//! [`sparse_axpy`] (the down projection as a sum of the active neurons' rows of the transposed,
+//! neuron-major down matrix).
+//!
+//! [`gather_matmul`] reuses the dense path's activation quantisation and row kernels (and, for
+//! batches on AVX-512, its packed kernels), so each gathered output is bit-identical to the same
+//! entry of [`matmul`](super::matmul). Consecutive indices that form a contiguous run of rows are
+//! handed to the kernels together (up to [`MR`] rows), as in the dense path.
+//!
+//! [`sparse_axpy`] dequantises each active row segment exactly (every supported format's values
+//! are exact f32 products) and accumulates `out = fma(a, w, out)` element by element, in neuron
+//! index order. Work is split over fixed column ranges, each walked by one task over all active
+//! neurons, so the result does not depend on the thread count; and as every path (scalar,
+//! AVX2/FMA, AVX-512) performs the same fused multiply-adds in the same order, not on the SIMD
+//! path either. For a batch, each row segment is decoded once for all tokens that need it.
+
+use rayon::prelude::*;
+
+use crate::quant::{GgmlType, QK};
+use crate::{Error, Result};
+
+use super::act::Acts;
+use super::{
+    kernel_for, kind_for, offset_shift, packed_for, prefetch, Kernel, Level, Matrix, OutPtr, MR,
+    NT, PREFETCH_AHEAD, SCRATCH,
+};
+
+/// Computes `y[t * rows.len() + k] = dot(W row rows[k], x token t)` for `t` in `0..n_tokens`.
+///
+/// `x` holds `n_tokens` token rows of `w.cols` values; `y` receives `n_tokens` rows of
+/// `rows.len()` values. Every output is bit-identical to the corresponding entry of
+/// [`matmul`](super::matmul) (same activation quantisation, same kernels). Indices may repeat and
+/// come in any order. Runs in parallel on the current rayon pool over chunks of the index list.
+///
+/// Errors: [`Error::InvalidArgument`] for a malformed matrix, an index `>= w.rows` or wrong
+/// `x`/`y` lengths; [`Error::UnsupportedType`] for a weight type without kernels.
+pub fn gather_matmul(
+    w: &Matrix,
+    rows: &[u32],
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    gather_matmul_at(Level::current(), w, rows, x, n_tokens, y)
+}
+
+pub(crate) fn gather_matmul_at(
+    level: Level,
+    w: &Matrix,
+    rows: &[u32],
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    w.validate()?;
+    let kind = kind_for(w.ty).ok_or(Error::UnsupportedType {
+        ty: w.ty.name(),
+        op: "gather_matmul",
+    })?;
+    if n_tokens.checked_mul(w.cols) != Some(x.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n_tokens} tokens × {} columns",
+            x.len(),
+            w.cols
+        )));
+    }
+    if n_tokens.checked_mul(rows.len()) != Some(y.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "y has {} values, expected {n_tokens} tokens × {} gathered rows",
+            y.len(),
+            rows.len()
+        )));
+    }
+    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= w.rows) {
+        return Err(Error::InvalidArgument(format!(
+            "row index {bad} out of range for a matrix of {} rows",
+            w.rows
+        )));
+    }
+    if n_tokens == 0 || rows.is_empty() {
+        return Ok(());
+    }
+
+    let mut acts = SCRATCH.with(|s| s.take()).unwrap_or_default();
+    acts.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
+    match packed_for(level, w, n_tokens) {
+        #[cfg(target_arch = "x86_64")]
+        Some((packer, pk)) => gather_packed(packer, pk, w, rows, &acts, n_tokens, y),
+        _ => gather_rows(kernel_for(level, w.ty), w, rows, &acts, n_tokens, y),
+    }
+    SCRATCH.with(|s| s.set(Some(acts)));
+    Ok(())
+}
+
+/// Length of the run of contiguous rows starting at `idx[k]` (at most `max`, within `..end`).
+#[inline]
+fn run_len(idx: &[u32], k: usize, end: usize, max: usize) -> usize {
+    let r = idx[k];
+    let mut n = 1;
+    while n < max && k + n < end && idx[k + n] == r + n as u32 {
+        n += 1;
+    }
+    n
+}
+
+/// The dense path's `run_rows` over the gathered rows `idx`.
+fn gather_rows(
+    kernel: Kernel,
+    w: &Matrix,
+    idx: &[u32],
+    acts: &Acts,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let n = idx.len();
+    let rb = w.row_bytes();
+    let threads = rayon::current_num_threads().max(1);
+    let min_rows = (16 * 1024 / rb.max(1)).max(MR);
+    let mut chunk = n.div_ceil(threads * 8).max(min_rows);
+    if n_tokens > 1 {
+        chunk = chunk.min((64 * 1024 / rb.max(1)).max(MR));
+    }
+    let n_chunks = n.div_ceil(chunk);
+    let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
+    let out = OutPtr(y.as_mut_ptr());
+
+    let task = move |c: usize| {
+        let out = out;
+        let k0 = c * chunk;
+        let k1 = (k0 + chunk).min(n);
+        let mut tile = [0f32; MR * NT];
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let nt = (n_tokens - t0).min(NT);
+            let mut k = k0;
+            let mut pf = k0;
+            while k < k1 {
+                let nr = run_len(idx, k, k1, MR);
+                if t0 == 0 {
+                    // prefetch the rows `ahead` indices in front of the ones being read
+                    while pf < k1 && pf < k + nr + ahead {
+                        let base = idx[pf] as usize * rb;
+                        for off in (0..rb).step_by(64) {
+                            prefetch(&w.data[base + off]);
+                        }
+                        pf += 1;
+                    }
+                }
+                let r = idx[k] as usize;
+                kernel(
+                    &w.data[r * rb..(r + nr) * rb],
+                    rb,
+                    nr,
+                    acts,
+                    t0,
+                    nt,
+                    &mut tile,
+                );
+                for i in 0..nr {
+                    for t in 0..nt {
+                        // SAFETY: t0 + t < n_tokens and k + i < n, so the index is inside y
+                        // (length n_tokens * n); indices k0..k1 belong to this task alone.
+                        unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
+                    }
+                }
+                k += nr;
+            }
+            t0 += nt;
+        }
+    };
+    if n_chunks == 1 || threads == 1 {
+        (0..n_chunks).for_each(task);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(task);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Each worker's copy of its gathered rows, contiguous for the packer.
+    static GATHERED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The dense path's `run_rows_packed` over the gathered rows `idx`: each task copies its rows together,
+/// unpacks them once and sweeps all token groups over them.
+#[cfg(target_arch = "x86_64")]
+fn gather_packed(
+    packer: super::avx512::Packer,
+    pk: super::avx512::PackedKernel,
+    w: &Matrix,
+    idx: &[u32],
+    acts: &Acts,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let n = idx.len();
+    let rb = w.row_bytes();
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = n
+        .div_ceil(threads * 4)
+        .clamp(MR, (super::PACK_CHUNK_BYTES / rb.max(1)).max(MR))
+        .div_ceil(MR)
+        * MR;
+    let n_chunks = n.div_ceil(chunk);
+    let out = OutPtr(y.as_mut_ptr());
+    let task = move |c: usize| {
+        let out = out;
+        let k0 = c * chunk;
+        let k1 = (k0 + chunk).min(n);
+        let mut rows = GATHERED.with(|g| g.take());
+        rows.clear();
+        for &r in &idx[k0..k1] {
+            let r = r as usize;
+            rows.extend_from_slice(&w.data[r * rb..(r + 1) * rb]);
+        }
+        let mut packed = super::PACKED.with(|p| p.take()).unwrap_or_default();
+        packer(&rows, rb, k1 - k0, &mut packed);
+        let mut tile = [0f32; MR * NT];
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let nt = (n_tokens - t0).min(NT);
+            let mut k = k0;
+            while k < k1 {
+                let nr = (k1 - k).min(MR);
+                pk(&packed, k - k0, nr, acts, t0, nt, &mut tile);
+                for i in 0..nr {
+                    for t in 0..nt {
+                        // SAFETY: as in gather_rows: in bounds, and k0..k1 are this task's.
+                        unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
+                    }
+                }
+                k += nr;
+            }
+            t0 += nt;
+        }
+        super::PACKED.with(|p| p.set(Some(packed)));
+        GATHERED.with(|g| g.set(rows));
+    };
+    if n_chunks == 1 || threads == 1 {
+        (0..n_chunks).for_each(task);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(task);
+    }
+}
+
+/// For each token `t`, `out[t*cols..(t+1)*cols] += Σ_{i : a[t*rows+i] ≠ 0} a[t*rows+i] · row_i(w_t)`
+/// with `rows = w_t.rows` (neurons, `n_ff`) and `cols = w_t.cols` (`n_embd`).
+///
+/// `w_t` is the down projection stored transposed (neuron-major), so that each neuron's column is
+/// a contiguous row. Zero coefficients (`0.0` and `-0.0`) are skipped: their rows are not read,
+/// so they cannot contribute NaNs or infinities. For a batch, the rows of the union of the tokens'
+/// active neurons are each read once. Deterministic: identical bits at every thread count and on
+/// every SIMD path (see the module docs). Any weight type of [`Matrix`] is accepted; F32, F16,
+/// BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 have SIMD kernels, the K-quants a scalar one.
+///
+/// Errors: [`Error::InvalidArgument`] for a malformed matrix or wrong `a`/`out` lengths.
+pub fn sparse_axpy(w_t: &Matrix, a: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<()> {
+    sparse_axpy_at(Level::current(), w_t, a, n_tokens, out)
+}
+
+/// The active neurons of a call in compressed form: neuron `neurons[j]` is needed by the tokens
+/// `toks[start[j]..start[j+1]]` with the coefficients `coefs[..]` at the same positions.
+#[derive(Default)]
+struct Active {
+    neurons: Vec<u32>,
+    start: Vec<u32>,
+    toks: Vec<u32>,
+    coefs: Vec<f32>,
+}
+
+impl Active {
+    fn build(&mut self, a: &[f32], rows: usize, n_tokens: usize) {
+        self.neurons.clear();
+        self.start.clear();
+        self.toks.clear();
+        self.coefs.clear();
+        for i in 0..rows {
+            let s = self.toks.len();
+            for t in 0..n_tokens {
+                let v = a[t * rows + i];
+                if v != 0.0 {
+                    self.toks.push(t as u32);
+                    self.coefs.push(v);
+                }
+            }
+            if self.toks.len() > s {
+                self.neurons.push(i as u32);
+                self.start.push(s as u32);
+            }
+        }
+        self.start.push(self.toks.len() as u32);
+    }
+}
+
+thread_local! {
+    /// Reused active-neuron lists (taken out during a call, so nested calls just allocate).
+    static ACTIVE: std::cell::Cell<Option<Box<Active>>> = const { std::cell::Cell::new(None) };
+}
+
+/// An axpy kernel: with `seg` the blocks of `n` consecutive elements of one weight row (starting
+/// at a column that is a multiple of 32 and of the block size), does
+/// `out[toks[j] * stride + e] = fma(coefs[j], w[e], out[toks[j] * stride + e])` for every `j` and
+/// `e < n`, `e` innermost per block and `j` in order.
+///
+/// # Safety
+/// `seg` must hold the blocks of `n` elements; every `out + toks[j] * stride .. + n` must be
+/// valid for reads and writes and not accessed concurrently; the CPU must have the kernel's ISA.
+type AxpyKernel = unsafe fn(
+    ty: GgmlType,
+    seg: *const u8,
+    n: usize,
+    coefs: &[f32],
+    toks: &[u32],
+    out: *mut f32,
+    stride: usize,
+);
+
+/// A single-token axpy kernel over several neurons at once: for each 32-element group, loads the
+/// output once, does `out = fma(coefs[j], w_j, out)` for `j` in order, and stores it (the same
+/// operations in the same order as one [`AxpyKernel`] call per neuron, so the same bits).
+///
+/// # Safety
+/// As [`AxpyKernel`], for every `segs[j]` and `out .. out + n`.
+type Axpy1Kernel =
+    unsafe fn(ty: GgmlType, segs: &[*const u8], coefs: &[f32], n: usize, out: *mut f32);
+
+/// Neurons per [`Axpy1Kernel`] call.
+const GROUP: usize = 8;
+
+/// The single-token kernel for `ty` on `level`, where there is one.
+fn axpy_kernel1(level: Level, ty: GgmlType) -> Option<Axpy1Kernel> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= Level::Avx512 {
+            if let Some(k) = x86::avx512_kernel1(ty) {
+                return Some(k);
+            }
+        }
+        if level >= Level::Avx2 {
+            if let Some(k) = x86::avx2_kernel1(ty) {
+                return Some(k);
+            }
+        }
+    }
+    let _ = (level, ty);
+    None
+}
+
+/// The axpy kernel for `ty` on `level`.
+fn axpy_kernel(level: Level, ty: GgmlType) -> AxpyKernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= Level::Avx512 {
+            if let Some(k) = x86::avx512_kernel(ty) {
+                return k;
+            }
+        }
+        if level >= Level::Avx2 {
+            if let Some(k) = x86::avx2_kernel(ty) {
+                return k;
+            }
+        }
+    }
+    let _ = (level, ty);
+    axpy_scalar
+}
+
+/// Elements per step of the kernels (and the alignment of the column ranges): a block, and at
+/// least 32 for the float formats.
+fn granule(ty: GgmlType) -> usize {
+    ty.block_size().max(QK)
+}
+
+/// The portable kernel (any dequantisable type): dequantises a granule at a time into a buffer.
+unsafe fn axpy_scalar(
+    ty: GgmlType,
+    seg: *const u8,
+    n: usize,
+    coefs: &[f32],
+    toks: &[u32],
+    out: *mut f32,
+    stride: usize,
+) {
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let step = granule(ty);
+    let mut buf = [0f32; 256];
+    let mut e = 0;
+    while e < n {
+        let m = step.min(n - e);
+        // SAFETY: the caller guarantees the blocks of n elements at seg.
+        let src = unsafe { std::slice::from_raw_parts(seg.add(e / bs * bb), m / bs * bb) };
+        crate::quant::dequantize(ty, src, &mut buf[..m])
+            .expect("matrix types are dequantisable and segments whole blocks");
+        for (&c, &t) in coefs.iter().zip(toks) {
+            // SAFETY: the caller guarantees out + t * stride .. + n is this task's to write.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.add(t as usize * stride + e), m) };
+            for (o, &w) in o.iter_mut().zip(&buf[..m]) {
+                *o = c.mul_add(w, *o);
+            }
+        }
+        e += m;
+    }
+}
+
+/// [`sparse_axpy`] on `level`.
+pub(crate) fn sparse_axpy_at(
+    level: Level,
+    w_t: &Matrix,
+    a: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    w_t.validate()?;
+    let (rows, cols, ty) = (w_t.rows, w_t.cols, w_t.ty);
+    if !crate::quant::can_dequantize(ty) {
+        return Err(Error::UnsupportedType {
+            ty: ty.name(),
+            op: "sparse_axpy",
+        });
+    }
+    if n_tokens.checked_mul(rows) != Some(a.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "a has {} values, expected {n_tokens} tokens × {rows} neurons",
+            a.len()
+        )));
+    }
+    if n_tokens.checked_mul(cols) != Some(out.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "out has {} values, expected {n_tokens} tokens × {cols} columns",
+            out.len()
+        )));
+    }
+    if n_tokens == 0 || rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let mut act = ACTIVE.with(|s| s.take()).unwrap_or_default();
+    act.build(a, rows, n_tokens);
+    if !act.neurons.is_empty() {
+        let k1 = if n_tokens == 1 {
+            axpy_kernel1(level, ty)
+        } else {
+            None
+        };
+        run_axpy(axpy_kernel(level, ty), k1, w_t, &act, n_tokens, out);
+    }
+    ACTIVE.with(|s| s.set(Some(act)));
+    Ok(())
+}
+
+/// Splits the columns into ranges (whole granules) and walks all active neurons in each.
+fn run_axpy(
+    kernel: AxpyKernel,
+    kernel1: Option<Axpy1Kernel>,
+    w: &Matrix,
+    act: &Active,
+    n_tokens: usize,
+    out: &mut [f32],
+) {
+    let (cols, ty) = (w.cols, w.ty);
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let rb = w.row_bytes();
+    let g = granule(ty);
+    let n_gran = cols.div_ceil(g);
+    let threads = rayon::current_num_threads().max(1);
+    // granules per task: several tasks per thread, each at least 256 columns; for a batch, the
+    // tokens' output segments of a task stay within ~128 KiB
+    let mut per = n_gran.div_ceil(threads * 4).max(256usize.div_ceil(g));
+    if n_tokens > 1 {
+        per = per.min((32 * 1024 / (n_tokens * g)).max(1));
+    }
+    let n_chunks = n_gran.div_ceil(per);
+    let optr = OutPtr(out.as_mut_ptr());
+
+    let task = move |c: usize| {
+        let optr = optr;
+        let c0 = c * per * g;
+        let c1 = ((c + 1) * per * g).min(cols);
+        let seg_off = c0 / bs * bb;
+        let seg_bytes = (c1 - c0).div_ceil(bs) * bb;
+        let ahead = (PREFETCH_AHEAD / seg_bytes.max(1)).clamp(2, 64);
+        let nn = act.neurons.len();
+        let mut pf = 0;
+        let mut prefetch_to = |end: usize| {
+            while pf < nn && pf < end {
+                let base = act.neurons[pf] as usize * rb + seg_off;
+                for off in (0..seg_bytes).step_by(64) {
+                    prefetch(&w.data[base + off]);
+                }
+                prefetch(&w.data[base + seg_bytes - 1]);
+                pf += 1;
+            }
+        };
+        if let Some(k1) = kernel1 {
+            // one token: start[j] == j, so the coefficients are act.coefs[j]
+            let mut segs = [std::ptr::null::<u8>(); GROUP];
+            let mut j = 0;
+            while j < nn {
+                let g = (nn - j).min(GROUP);
+                prefetch_to(j + g + ahead);
+                for (s, &i) in segs.iter_mut().zip(&act.neurons[j..j + g]) {
+                    *s = w.data[i as usize * rb + seg_off..][..seg_bytes].as_ptr();
+                }
+                // SAFETY: as below, for each of the g segments.
+                unsafe {
+                    k1(
+                        ty,
+                        &segs[..g],
+                        &act.coefs[j..j + g],
+                        c1 - c0,
+                        optr.0.add(c0),
+                    )
+                };
+                j += g;
+            }
+            return;
+        }
+        for j in 0..nn {
+            prefetch_to(j + 1 + ahead);
+            let seg = &w.data[act.neurons[j] as usize * rb + seg_off..][..seg_bytes];
+            let (s, e) = (act.start[j] as usize, act.start[j + 1] as usize);
+            // SAFETY: seg holds the blocks of columns c0..c1; each token's columns c0..c1 of out
+            // are in bounds (toks < n_tokens) and belong to this task alone; the kernel was
+            // selected for this CPU.
+            unsafe {
+                kernel(
+                    ty,
+                    seg.as_ptr(),
+                    c1 - c0,
+                    &act.coefs[s..e],
+                    &act.toks[s..e],
+                    optr.0.add(c0),
+                    cols,
+                )
+            };
+        }
+    };
+    if n_chunks == 1 || threads == 1 {
+        (0..n_chunks).for_each(task);
+    } else {
+        (0..n_chunks).into_par_iter().for_each(task);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! AVX2/FMA and AVX-512 axpy kernels: each 32-element group is decoded to exact f32 values in
+    //! registers once, then fused-multiply-added into every token's output.
+
+    use std::arch::x86_64::*;
+
+    use crate::quant::{GgmlType, QK};
+
+    use super::{axpy_scalar, Axpy1Kernel, AxpyKernel};
+
+    /// The f16 at `p` as f32 (F16C, exact, as [`crate::quant::fp16_to_fp32`]).
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let h = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    /// A format as the kernels see it: 32 elements (one block, or 32 float values) at a time.
+    trait Fmt {
+        /// Bytes per 32 elements.
+        const BB: usize;
+        /// AVX2: the 32 values as 4 × 8 f32.
+        unsafe fn dec8(p: *const u8) -> [__m256; 4];
+        /// AVX-512: the 32 values as 2 × 16 f32.
+        unsafe fn dec16(p: *const u8) -> [__m512; 2];
+    }
+
+    /// The 16 quant bytes at `q` → (low nibbles, high nibbles): elements 0..16 and 16..32.
+    #[inline(always)]
+    unsafe fn nibbles(q: *const u8) -> (__m128i, __m128i) {
+        let v = _mm_loadu_si128(q as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        (
+            _mm_and_si128(v, m),
+            _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+        )
+    }
+
+    /// Bytes `0x10` where bit `i` of the 16 bits `h` is set, `0` elsewhere.
+    #[inline(always)]
+    unsafe fn high_bits(h: u32) -> __m128i {
+        let v = _mm_set1_epi16(h as u16 as i16);
+        let idx = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let bytes = _mm_shuffle_epi8(v, idx);
+        let bit = _mm_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+        let set = _mm_cmpeq_epi8(_mm_or_si128(bytes, bit), _mm_set1_epi8(-1));
+        _mm_and_si128(set, _mm_set1_epi8(0x10))
+    }
+
+    /// 16 signed bytes × `d` (+ `m`) as 2 × 8 f32 (exact: |q| < 2^8, d an f16).
+    #[inline(always)]
+    unsafe fn scale8(q: __m128i, d: __m256, m: Option<__m256>) -> [__m256; 2] {
+        let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(q)));
+        match m {
+            None => [_mm256_mul_ps(a, d), _mm256_mul_ps(b, d)],
+            Some(m) => [_mm256_fmadd_ps(a, d, m), _mm256_fmadd_ps(b, d, m)],
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scale16(q: __m128i, d: __m512, m: Option<__m512>) -> __m512 {
+        let a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+        match m {
+            None => _mm512_mul_ps(a, d),
+            Some(m) => _mm512_fmadd_ps(a, d, m),
+        }
+    }
+
+    /// Quant bytes of a 32-block as (elements 0..16, 16..32), scale and optional min.
+    trait Quant32 {
+        const BB: usize;
+        unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>);
+    }
+
+    impl<Q: Quant32> Fmt for Q {
+        const BB: usize = <Q as Quant32>::BB;
+        #[inline(always)]
+        unsafe fn dec8(p: *const u8) -> [__m256; 4] {
+            let (lo, hi, d, m) = Q::quants(p);
+            let (d, m) = (_mm256_set1_ps(d), m.map(|m| _mm256_set1_ps(m)));
+            let [a, b] = scale8(lo, d, m);
+            let [c, e] = scale8(hi, d, m);
+            [a, b, c, e]
+        }
+        #[inline(always)]
+        unsafe fn dec16(p: *const u8) -> [__m512; 2] {
+            let (lo, hi, d, m) = Q::quants(p);
+            let (d, m) = (_mm512_set1_ps(d), m.map(|m| _mm512_set1_ps(m)));
+            [scale16(lo, d, m), scale16(hi, d, m)]
+        }
+    }
+
+    struct Q4_0;
+    impl Quant32 for Q4_0 {
+        const BB: usize = 18;
+        #[inline(always)]
+        unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
+            let (lo, hi) = nibbles(p.add(2));
+            let o = _mm_set1_epi8(8);
+            (_mm_sub_epi8(lo, o), _mm_sub_epi8(hi, o), f16_at(p), None)
+        }
+    }
+
+    struct Q4_1;
+    impl Quant32 for Q4_1 {
+        const BB: usize = 20;
+        #[inline(always)]
+        unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
+            let (lo, hi) = nibbles(p.add(4));
+            (lo, hi, f16_at(p), Some(f16_at(p.add(2))))
+        }
+    }
+
+    struct Q5_0;
+    impl Quant32 for Q5_0 {
+        const BB: usize = 22;
+        #[inline(always)]
+        unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
+            let qh = (p.add(2) as *const u32).read_unaligned();
+            let (lo, hi) = nibbles(p.add(6));
+            let o = _mm_set1_epi8(16);
+            let lo = _mm_sub_epi8(_mm_or_si128(lo, high_bits(qh)), o);
+            let hi = _mm_sub_epi8(_mm_or_si128(hi, high_bits(qh >> 16)), o);
+            (lo, hi, f16_at(p), None)
+        }
+    }
+
+    struct Q5_1;
+    impl Quant32 for Q5_1 {
+        const BB: usize = 24;
+        #[inline(always)]
+        unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
+            let qh = (p.add(4) as *const u32).read_unaligned();
+            let (lo, hi) = nibbles(p.add(8));
+            let lo = _mm_or_si128(lo, high_bits(qh));
+            let hi = _mm_or_si128(hi, high_bits(qh >> 16));
+            (lo, hi, f16_at(p), Some(f16_at(p.add(2))))
+        }
+    }
+
+    struct Q8_0;
+    impl Quant32 for Q8_0 {
+        const BB: usize = 34;
+        #[inline(always)]
+        unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
+            let lo = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let hi = _mm_loadu_si128(p.add(18) as *const __m128i);
+            (lo, hi, f16_at(p), None)
+        }
+    }
+
+    struct F32;
+    impl Fmt for F32 {
+        const BB: usize = 128;
+        #[inline(always)]
+        unsafe fn dec8(p: *const u8) -> [__m256; 4] {
+            let p = p as *const f32;
+            [0, 8, 16, 24].map(|i| _mm256_loadu_ps(p.add(i)))
+        }
+        #[inline(always)]
+        unsafe fn dec16(p: *const u8) -> [__m512; 2] {
+            let p = p as *const f32;
+            [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))]
+        }
+    }
+
+    struct F16;
+    impl Fmt for F16 {
+        const BB: usize = 64;
+        #[inline(always)]
+        unsafe fn dec8(p: *const u8) -> [__m256; 4] {
+            [0, 16, 32, 48].map(|i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(i) as *const __m128i)))
+        }
+        #[inline(always)]
+        unsafe fn dec16(p: *const u8) -> [__m512; 2] {
+            [0, 32].map(|i| _mm512_cvtph_ps(_mm256_loadu_si256(p.add(i) as *const __m256i)))
+        }
+    }
+
+    struct Bf16;
+    impl Fmt for Bf16 {
+        const BB: usize = 64;
+        #[inline(always)]
+        unsafe fn dec8(p: *const u8) -> [__m256; 4] {
+            [0, 16, 32, 48].map(|i| {
+                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(i) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+            })
+        }
+        #[inline(always)]
+        unsafe fn dec16(p: *const u8) -> [__m512; 2] {
+            [0, 32].map(|i| {
+                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(i) as *const __m256i));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))
+            })
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_avx2<F: Fmt>(
+        ty: GgmlType,
+        seg: *const u8,
+        n: usize,
+        coefs: &[f32],
+        toks: &[u32],
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let nblk = n / QK;
+        for b in 0..nblk {
+            let w = F::dec8(seg.add(b * F::BB));
+            for (&c, &t) in coefs.iter().zip(toks) {
+                let o = out.add(t as usize * stride + b * QK);
+                let c = _mm256_set1_ps(c);
+                for (v, &w) in w.iter().enumerate() {
+                    let p = o.add(8 * v);
+                    _mm256_storeu_ps(p, _mm256_fmadd_ps(c, w, _mm256_loadu_ps(p)));
+                }
+            }
+        }
+        if nblk * QK < n {
+            // the float formats' last < 32 values (the same fused multiply-adds, in scalar)
+            let done = nblk * QK;
+            axpy_scalar(
+                ty,
+                seg.add(nblk * F::BB),
+                n - done,
+                coefs,
+                toks,
+                out.add(done),
+                stride,
+            );
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn axpy_avx512<F: Fmt>(
+        ty: GgmlType,
+        seg: *const u8,
+        n: usize,
+        coefs: &[f32],
+        toks: &[u32],
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let nblk = n / QK;
+        for b in 0..nblk {
+            let [w0, w1] = F::dec16(seg.add(b * F::BB));
+            for (&c, &t) in coefs.iter().zip(toks) {
+                let o = out.add(t as usize * stride + b * QK);
+                let c = _mm512_set1_ps(c);
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(c, w0, _mm512_loadu_ps(o)));
+                let o = o.add(16);
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(c, w1, _mm512_loadu_ps(o)));
+            }
+        }
+        if nblk * QK < n {
+            let done = nblk * QK;
+            axpy_scalar(
+                ty,
+                seg.add(nblk * F::BB),
+                n - done,
+                coefs,
+                toks,
+                out.add(done),
+                stride,
+            );
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy1_avx2<F: Fmt>(
+        ty: GgmlType,
+        segs: &[*const u8],
+        coefs: &[f32],
+        n: usize,
+        out: *mut f32,
+    ) {
+        let nblk = n / QK;
+        for b in 0..nblk {
+            let o = out.add(b * QK);
+            let mut acc = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(o.add(i)));
+            for (&s, &c) in segs.iter().zip(coefs) {
+                let w = F::dec8(s.add(b * F::BB));
+                let c = _mm256_set1_ps(c);
+                for v in 0..4 {
+                    acc[v] = _mm256_fmadd_ps(c, w[v], acc[v]);
+                }
+            }
+            for (v, &a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.add(8 * v), a);
+            }
+        }
+        tail1::<F>(ty, segs, coefs, n, out);
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn axpy1_avx512<F: Fmt>(
+        ty: GgmlType,
+        segs: &[*const u8],
+        coefs: &[f32],
+        n: usize,
+        out: *mut f32,
+    ) {
+        let nblk = n / QK;
+        for b in 0..nblk {
+            let o = out.add(b * QK);
+            let (mut a0, mut a1) = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
+            for (&s, &c) in segs.iter().zip(coefs) {
+                let [w0, w1] = F::dec16(s.add(b * F::BB));
+                let c = _mm512_set1_ps(c);
+                a0 = _mm512_fmadd_ps(c, w0, a0);
+                a1 = _mm512_fmadd_ps(c, w1, a1);
+            }
+            _mm512_storeu_ps(o, a0);
+            _mm512_storeu_ps(o.add(16), a1);
+        }
+        tail1::<F>(ty, segs, coefs, n, out);
+    }
+
+    /// The float formats' last < 32 values of each segment, neuron by neuron.
+    #[inline(always)]
+    unsafe fn tail1<F: Fmt>(
+        ty: GgmlType,
+        segs: &[*const u8],
+        coefs: &[f32],
+        n: usize,
+        out: *mut f32,
+    ) {
+        let done = n / QK * QK;
+        if done < n {
+            for (&s, &c) in segs.iter().zip(coefs) {
+                axpy_scalar(
+                    ty,
+                    s.add(n / QK * F::BB),
+                    n - done,
+                    &[c],
+                    &[0],
+                    out.add(done),
+                    0,
+                );
+            }
+        }
+    }
+
+    /// The single-token AVX2 kernel for `ty`, if there is one.
+    pub(super) fn avx2_kernel1(ty: GgmlType) -> Option<Axpy1Kernel> {
+        use GgmlType as T;
+        Some(match ty {
+            T::F32 => axpy1_avx2::<F32>,
+            T::F16 => axpy1_avx2::<F16>,
+            T::BF16 => axpy1_avx2::<Bf16>,
+            T::Q4_0 => axpy1_avx2::<Q4_0>,
+            T::Q4_1 => axpy1_avx2::<Q4_1>,
+            T::Q5_0 => axpy1_avx2::<Q5_0>,
+            T::Q5_1 => axpy1_avx2::<Q5_1>,
+            T::Q8_0 => axpy1_avx2::<Q8_0>,
+            _ => return None,
+        })
+    }
+
+    /// The single-token AVX-512 kernel for `ty`, if there is one.
+    pub(super) fn avx512_kernel1(ty: GgmlType) -> Option<Axpy1Kernel> {
+        use GgmlType as T;
+        Some(match ty {
+            T::F32 => axpy1_avx512::<F32>,
+            T::F16 => axpy1_avx512::<F16>,
+            T::BF16 => axpy1_avx512::<Bf16>,
+            T::Q4_0 => axpy1_avx512::<Q4_0>,
+            T::Q4_1 => axpy1_avx512::<Q4_1>,
+            T::Q5_0 => axpy1_avx512::<Q5_0>,
+            T::Q5_1 => axpy1_avx512::<Q5_1>,
+            T::Q8_0 => axpy1_avx512::<Q8_0>,
+            _ => return None,
+        })
+    }
+
+    /// The AVX2 kernel for `ty`, if there is one (needs AVX2, FMA, F16C).
+    pub(super) fn avx2_kernel(ty: GgmlType) -> Option<AxpyKernel> {
+        use GgmlType as T;
+        Some(match ty {
+            T::F32 => axpy_avx2::<F32>,
+            T::F16 => axpy_avx2::<F16>,
+            T::BF16 => axpy_avx2::<Bf16>,
+            T::Q4_0 => axpy_avx2::<Q4_0>,
+            T::Q4_1 => axpy_avx2::<Q4_1>,
+            T::Q5_0 => axpy_avx2::<Q5_0>,
+            T::Q5_1 => axpy_avx2::<Q5_1>,
+            T::Q8_0 => axpy_avx2::<Q8_0>,
+            _ => return None,
+        })
+    }
+
+    /// The AVX-512 kernel for `ty`, if there is one (needs AVX-512 F/BW/VL, FMA, F16C).
+    pub(super) fn avx512_kernel(ty: GgmlType) -> Option<AxpyKernel> {
+        use GgmlType as T;
+        Some(match ty {
+            T::F32 => axpy_avx512::<F32>,
+            T::F16 => axpy_avx512::<F16>,
+            T::BF16 => axpy_avx512::<Bf16>,
+            T::Q4_0 => axpy_avx512::<Q4_0>,
+            T::Q4_1 => axpy_avx512::<Q4_1>,
+            T::Q5_0 => axpy_avx512::<Q5_0>,
+            T::Q5_1 => axpy_avx512::<Q5_1>,
+            T::Q8_0 => axpy_avx512::<Q8_0>,
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "sparse_tests.rs"]
+mod tests;
