@@ -145,13 +145,6 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `gate = act(gate) * up`, the gated FFN's element-wise step.
-pub fn gated(gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = act(*g) * u;
-    }
-}
-
 /// `a · b` in f32 with sixteen independent partial sums (so that it vectorises).
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     const LANES: usize = 16;

@@ -2,10 +2,12 @@
 //! LM head; the KV cache; sessions.
 
 mod attention;
+mod ffn;
 mod generate;
 mod kv_cache;
 mod session;
 
+pub use ffn::{FfnDensity, FfnMode};
 pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::KvCache;
 pub use session::{Logits, Session};

@@ -3,10 +3,11 @@
 use std::sync::Arc;
 
 use super::attention::{attend, AttentionShape};
+use super::ffn::{feed_forward, FfnDensity, FfnMode};
 use super::kv_cache::KvCache;
 use crate::cpu::ops::{self, Rope};
 use crate::cpu::{self, Matrix};
-use crate::model::{FfnActivation, LayerWeights, Model};
+use crate::model::{LayerWeights, Model};
 use crate::{Error, Result};
 
 /// Which logits an evaluation returns.
@@ -29,6 +30,8 @@ pub struct Session<'m> {
     n_past: usize,
     rope_global: Rope,
     rope_swa: Rope,
+    ffn_mode: FfnMode,
+    density: FfnDensity,
 }
 
 impl<'m> Session<'m> {
@@ -42,7 +45,31 @@ impl<'m> Session<'m> {
             n_past: 0,
             rope_global: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base, hp.rope_freq_scale),
             rope_swa: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base_swa, 1.0),
+            ffn_mode: default_ffn_mode(model),
+            density: FfnDensity::new(hp.n_layer, hp.n_ff),
         }
+    }
+
+    /// Chooses how the FFN picks its neurons (default: `Sparse` when every layer has a
+    /// predictor, else `Dense`). `Sparse` on a file without predictors is an error.
+    pub fn set_ffn_mode(&mut self, mode: FfnMode) -> Result<()> {
+        if mode == FfnMode::Sparse && self.model.layers.iter().any(|l| l.predictor.is_none()) {
+            return Err(Error::InvalidArgument(
+                "--ffn sparse needs a predictor (blk.N.fc1/fc2) in every layer; use --ffn oracle or dense".into(),
+            ));
+        }
+        self.ffn_mode = mode;
+        Ok(())
+    }
+
+    /// The FFN mode in use.
+    pub fn ffn_mode(&self) -> FfnMode {
+        self.ffn_mode
+    }
+
+    /// Neurons computed per token so far, per layer.
+    pub fn ffn_density(&self) -> &FfnDensity {
+        &self.density
     }
 
     /// Positions already in the cache.
@@ -142,7 +169,8 @@ impl<'m> Session<'m> {
             layer.post_attn_norm.as_deref(),
             self.model.hp.rms_eps,
         );
-        let ffn = self.feed_forward(layer, x, n)?;
+        let h = self.norm_rows(x, &layer.ffn_norm);
+        let ffn = feed_forward(self.model, self.ffn_mode, il, x, &h, n, &mut self.density)?;
         residual_add(
             x,
             ffn,
@@ -215,21 +243,6 @@ impl<'m> Session<'m> {
         self.matmul(&layer.wo, &out, n)
     }
 
-    fn feed_forward(&self, layer: &LayerWeights, x: &[f32], n: usize) -> Result<Vec<f32>> {
-        let h = self.norm_rows(x, &layer.ffn_norm);
-        let (gate, up) = rayon::join(
-            || self.matmul(&layer.gate, &h, n),
-            || self.matmul(&layer.up, &h, n),
-        );
-        let (mut gate, up) = (gate?, up?);
-        let act = match self.model.hp.ffn_act {
-            FfnActivation::Silu => ops::silu,
-            FfnActivation::Gelu => ops::gelu_ggml,
-        };
-        ops::gated(&mut gate, &up, act);
-        self.matmul(&layer.down, &gate, n)
-    }
-
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
         let mut out = vec![0f32; x.len()];
         for (o, row) in out.chunks_exact_mut(w.len()).zip(x.chunks_exact(w.len())) {
@@ -258,6 +271,14 @@ impl<'m> Session<'m> {
         let mut y = vec![0f32; n * w.rows];
         cpu::matmul(&m, x, n, &mut y)?;
         Ok(y)
+    }
+}
+
+fn default_ffn_mode(model: &Model) -> FfnMode {
+    if model.layers.iter().all(|l| l.predictor.is_some()) {
+        FfnMode::Sparse
+    } else {
+        FfnMode::Dense
     }
 }
 

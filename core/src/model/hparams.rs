@@ -13,11 +13,13 @@ pub enum Arch {
     Qwen2,
     /// Gemma 3: GeGLU, Q/K norms, post-norms, sliding-window layers (`gemma3`).
     Gemma3,
+    /// PowerInfer's Bamboo / TurboSparse-Mistral: the Llama graph with a dReLU FFN (`bamboo`).
+    Bamboo,
 }
 
 impl Arch {
     /// Every supported architecture name, for error messages.
-    pub const SUPPORTED: &'static str = "llama, qwen2, gemma3";
+    pub const SUPPORTED: &'static str = "llama, qwen2, gemma3, bamboo";
 
     /// The architecture named by `general.architecture`.
     pub fn from_name(name: &str) -> Result<Arch> {
@@ -25,6 +27,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "gemma3" => Ok(Arch::Gemma3),
+            "bamboo" => Ok(Arch::Bamboo),
             other => Err(Error::Metadata {
                 key: "general.architecture".into(),
                 message: format!(
@@ -36,13 +39,55 @@ impl Arch {
     }
 }
 
-/// The FFN's activation.
+/// The FFN's activation, which also decides which neurons can be skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FfnActivation {
     /// `silu(gate) * up` (SwiGLU).
     Silu,
     /// `gelu_tanh(gate) * up` (GeGLU).
     Gelu,
+    /// `relu(gate) * up` (ReLU Llama-2, ProSparse): a neuron is zero when its gate is not positive.
+    Relu,
+    /// `relu(gate) * relu(up)` (dReLU: Bamboo, TurboSparse): zero unless both are positive.
+    DRelu,
+}
+
+impl FfnActivation {
+    /// The metadata key that names the activation explicitly (written by `synth`).
+    pub const KEY: &'static str = "hotcold.ffn_activation";
+
+    /// The activation named `name` (`silu`, `gelu`, `relu`, `drelu`).
+    pub fn from_name(name: &str) -> Result<FfnActivation> {
+        Ok(match name {
+            "silu" => FfnActivation::Silu,
+            "gelu" => FfnActivation::Gelu,
+            "relu" => FfnActivation::Relu,
+            "drelu" => FfnActivation::DRelu,
+            other => {
+                return Err(Error::Metadata {
+                    key: FfnActivation::KEY.into(),
+                    message: format!(
+                        "unknown FFN activation {other:?} (known: silu, gelu, relu, drelu)"
+                    ),
+                })
+            }
+        })
+    }
+
+    /// Whether neurons whose gate pre-activation is not positive are exactly zero.
+    pub fn is_relu(self) -> bool {
+        matches!(self, FfnActivation::Relu | FfnActivation::DRelu)
+    }
+
+    /// The neuron's output from its gate and up projections.
+    pub fn combine(self, gate: f32, up: f32) -> f32 {
+        match self {
+            FfnActivation::Silu => crate::cpu::ops::silu(gate) * up,
+            FfnActivation::Gelu => crate::cpu::ops::gelu_ggml(gate) * up,
+            FfnActivation::Relu => gate.max(0.0) * up,
+            FfnActivation::DRelu => gate.max(0.0) * up.max(0.0),
+        }
+    }
 }
 
 /// Everything the forward pass needs to know about the model's shape.
@@ -92,6 +137,9 @@ pub struct HyperParams {
     pub ffn_act: FfnActivation,
     /// `tanh` soft-capping of the final logits, when set.
     pub final_logit_softcap: Option<f32>,
+    /// PowerInfer's predictor threshold: neuron i is predicted active unless its predictor logit
+    /// is below this (`powerinfer.sparse_threshold`, default 0).
+    pub sparse_threshold: f32,
 }
 
 impl HyperParams {
@@ -160,7 +208,7 @@ impl HyperParams {
             _ => vec![false; n_layer],
         };
         let (rope_style, attn_scale, embed_scale, ffn_act) = match arch {
-            Arch::Llama => (
+            Arch::Llama | Arch::Bamboo => (
                 RopeStyle::Normal,
                 1.0 / (head_dim as f32).sqrt(),
                 1.0,
@@ -178,6 +226,16 @@ impl HyperParams {
                 (n_embd as f32).sqrt(),
                 FfnActivation::Gelu,
             ),
+        };
+        // The activation: named explicitly, else PowerInfer's convention (a PWRI `llama` file is a
+        // ReLU Llama, `bamboo` is dReLU), else the architecture's own.
+        let ffn_act = match file.get_str(FfnActivation::KEY)? {
+            Some(name) => FfnActivation::from_name(name)?,
+            None if arch == Arch::Bamboo => FfnActivation::DRelu,
+            None if file.magic() == crate::gguf::Magic::PowerInfer && arch == Arch::Llama => {
+                FfnActivation::Relu
+            }
+            None => ffn_act,
         };
         let final_logit_softcap = file
             .get_f32(&key("final_logit_softcapping"))?
@@ -207,6 +265,7 @@ impl HyperParams {
             embed_scale,
             ffn_act,
             final_logit_softcap,
+            sparse_threshold: file.get_f32("powerinfer.sparse_threshold")?.unwrap_or(0.0),
         })
     }
 

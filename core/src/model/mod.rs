@@ -7,4 +7,4 @@ mod hparams;
 mod weights;
 
 pub use hparams::{Arch, FfnActivation, HyperParams};
-pub use weights::{LayerWeights, Model, Weight};
+pub use weights::{LayerWeights, Model, Predictor, Weight};

@@ -60,10 +60,35 @@ pub struct LayerWeights {
     pub gate: Weight,
     /// FFN up projection.
     pub up: Weight,
-    /// FFN down projection.
-    pub down: Weight,
+    /// FFN down projection (`n_embd` rows of `n_ff`), when the file has it.
+    pub down: Option<Weight>,
+    /// FFN down projection stored neuron-major (`n_ff` rows of `n_embd`: PowerInfer's
+    /// `ffn_down_t`), for the sparse axpy; when the file has it.
+    pub down_t: Option<Weight>,
+    /// PowerInfer's activation predictor, when the file has one.
+    pub predictor: Option<Predictor>,
     /// RMSNorm of the FFN output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+impl LayerWeights {
+    /// The down projection in whichever layout the file has (row-major preferred).
+    pub fn down_weight(&self) -> &Weight {
+        self.down
+            .as_ref()
+            .or(self.down_t.as_ref())
+            .expect("the loader requires ffn_down or ffn_down_t")
+    }
+}
+
+/// PowerInfer's per-layer predictor: neuron `i` is predicted active unless
+/// `(fc2 · relu(fc1 · x))[i]` is below the model's threshold.
+#[derive(Clone, Debug)]
+pub struct Predictor {
+    /// `R` rows of `n_embd` (ggml shape {n_embd, R}).
+    pub fc1: Weight,
+    /// `n_ff` rows of `R` (ggml shape {R, n_ff}).
+    pub fc2: Weight,
 }
 
 /// A loaded model: the mapped file, its hyper-parameters and its weights by role.
@@ -142,7 +167,7 @@ impl Model {
         let layer: u64 = self
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, l.down_weight()])
             .map(Weight::n_bytes)
             .sum();
         layer + self.output.n_bytes()
@@ -211,6 +236,34 @@ impl Loader<'_> {
         Ok(out)
     }
 
+    fn optional_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Weight>> {
+        match self.file.tensor(name) {
+            Some(_) => self.matrix(name, Some(rows), cols).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn predictor(&self, il: usize) -> Result<Option<Predictor>> {
+        let (fc1, fc2) = (
+            format!("blk.{il}.fc1.weight"),
+            format!("blk.{il}.fc2.weight"),
+        );
+        match (self.file.tensor(&fc1), self.file.tensor(&fc2)) {
+            (None, None) => Ok(None),
+            (Some(info), Some(_)) => {
+                let rank = info.n_rows() as usize;
+                Ok(Some(Predictor {
+                    fc1: self.matrix(&fc1, Some(rank), self.hp.n_embd)?,
+                    fc2: self.matrix(&fc2, Some(self.hp.n_ff), rank)?,
+                }))
+            }
+            _ => Err(Error::Tensor {
+                tensor: fc1,
+                message: "a predictor needs both fc1 and fc2".into(),
+            }),
+        }
+    }
+
     fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
         match self.file.tensor(name) {
             Some(_) => self.vector(name, len).map(Some),
@@ -219,6 +272,17 @@ impl Loader<'_> {
     }
 
     fn layer(&self, il: usize) -> Result<LayerWeights> {
+        let layer = self.layer_tensors(il)?;
+        if layer.down.is_none() && layer.down_t.is_none() {
+            return Err(Error::Tensor {
+                tensor: format!("blk.{il}.ffn_down.weight"),
+                message: "missing (and no ffn_down_t either)".into(),
+            });
+        }
+        Ok(layer)
+    }
+
+    fn layer_tensors(&self, il: usize) -> Result<LayerWeights> {
         let hp = self.hp;
         let n = |role: &str| format!("blk.{il}.{role}");
         let gemma = hp.arch == Arch::Gemma3;
@@ -248,7 +312,9 @@ impl Loader<'_> {
             ffn_norm: self.vector(&n("ffn_norm.weight"), hp.n_embd)?,
             gate: self.matrix(&n("ffn_gate.weight"), Some(hp.n_ff), hp.n_embd)?,
             up: self.matrix(&n("ffn_up.weight"), Some(hp.n_ff), hp.n_embd)?,
-            down: self.matrix(&n("ffn_down.weight"), Some(hp.n_embd), hp.n_ff)?,
+            down: self.optional_matrix(&n("ffn_down.weight"), hp.n_embd, hp.n_ff)?,
+            down_t: self.optional_matrix(&n("ffn_down_t.weight"), hp.n_ff, hp.n_embd)?,
+            predictor: self.predictor(il)?,
             post_ffn_norm: required_if(gemma, "post_ffw_norm.weight", hp.n_embd)?,
         })
     }

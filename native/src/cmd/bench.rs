@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use hotcold_core::engine::{Logits, Session};
+use hotcold_core::engine::Logits;
 use hotcold_core::models::DefaultModel;
 
 use super::common::ModelArgs;
@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens: Vec<u32> = (0..args.n_prompt.max(args.n_gen))
         .map(|i| ((i as u64 * 2_654_435_761) % model.hp.n_vocab as u64) as u32)
         .collect();
-    let mut session = Session::new(model, n_ctx, loaded.pool.clone());
+    let mut session = loaded.session_with_ctx(n_ctx)?;
     session.eval(&tokens[..1], Logits::Last)?; // warm-up: page in the weights
     let threads = loaded.pool.current_num_threads();
     println!("| model | size | threads | simd | test | t/s |");
@@ -83,6 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         report(format!("tg{}", args.n_gen), &rates);
         tg_mean = Some(rates.iter().sum::<f64>() / rates.len() as f64);
     }
+    eprintln!("{}", super::common::density_summary(&session));
     let bytes = model.bytes_per_token();
     let bandwidth = loaded.pool.install(|| read_bandwidth(model));
     let roofline = bandwidth / bytes as f64;

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, Write};
 
-use hotcold_core::engine::{generate, GenerateOptions, Session};
+use hotcold_core::engine::{generate, GenerateOptions};
 use hotcold_core::models::DefaultModel;
 use hotcold_core::sample::Sampler;
 use hotcold_core::tokenizer::{ChatMessage, ChatTemplate};
@@ -29,7 +29,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = args.model.load(DefaultModel::Qwen25Coder05bInstruct)?;
     let template = ChatTemplate::from_gguf(loaded.model.file())?;
-    let mut session = Session::new(&loaded.model, loaded.n_ctx, loaded.pool.clone());
+    let mut session = loaded.session()?;
     let mut sampler = Sampler::new(args.sampling.config());
     let mut messages = Vec::new();
     if let Some(system) = &args.system {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use hotcold_core::engine::thread_pool;
+use hotcold_core::engine::{thread_pool, FfnMode, Session};
 use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
 use hotcold_core::sample::SamplerConfig;
@@ -25,6 +25,31 @@ pub struct ModelArgs {
     /// Context size in tokens (default: the model's training context, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// How the FFN picks its neurons: every neuron, the predictor's set, or the exact active set
+    /// (default: sparse when the file has predictors, else dense).
+    #[arg(long = "ffn", value_enum)]
+    pub ffn: Option<FfnArg>,
+}
+
+/// `--ffn` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum FfnArg {
+    /// Every neuron.
+    Dense,
+    /// The neurons the file's predictor selects.
+    Sparse,
+    /// The neurons that really fire (gate dense, the rest sparse).
+    Oracle,
+}
+
+impl From<FfnArg> for FfnMode {
+    fn from(arg: FfnArg) -> FfnMode {
+        match arg {
+            FfnArg::Dense => FfnMode::Dense,
+            FfnArg::Sparse => FfnMode::Sparse,
+            FfnArg::Oracle => FfnMode::Oracle,
+        }
+    }
 }
 
 /// Sampling flags, with llama.cpp's names and defaults.
@@ -86,6 +111,40 @@ pub struct Loaded {
     pub n_ctx: usize,
     /// Seconds the load took.
     pub load_secs: f64,
+    /// `--ffn`, when given.
+    pub ffn: Option<FfnMode>,
+}
+
+impl Loaded {
+    /// A new session of `n_ctx` positions with the `--ffn` mode applied.
+    pub fn session_with_ctx(&self, n_ctx: usize) -> anyhow::Result<Session<'_>> {
+        let mut session = Session::new(&self.model, n_ctx, self.pool.clone());
+        if let Some(mode) = self.ffn {
+            session.set_ffn_mode(mode)?;
+        }
+        Ok(session)
+    }
+
+    /// A new session of the configured context size.
+    pub fn session(&self) -> anyhow::Result<Session<'_>> {
+        self.session_with_ctx(self.n_ctx)
+    }
+}
+
+/// A one-line summary of the FFN density of a session (for the timings on stderr).
+pub fn density_summary(session: &Session) -> String {
+    let density = session.ffn_density();
+    let per_layer: Vec<String> = density
+        .per_layer()
+        .iter()
+        .map(|d| format!("{d:.3}"))
+        .collect();
+    format!(
+        "ffn {:?}: mean density {:.3} (per layer {})",
+        session.ffn_mode(),
+        density.mean(),
+        per_layer.join(" ")
+    )
 }
 
 impl ModelArgs {
@@ -109,6 +168,7 @@ impl ModelArgs {
             pool,
             n_ctx,
             load_secs: start.elapsed().as_secs_f64(),
+            ffn: self.ffn.map(FfnMode::from),
         })
     }
 }

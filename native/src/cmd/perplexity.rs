@@ -1,7 +1,7 @@
 //! `hotcold perplexity`: llama.cpp's perplexity method (score the second half of each chunk).
 
 use anyhow::Context;
-use hotcold_core::engine::{Logits, Session};
+use hotcold_core::engine::Logits;
 use hotcold_core::models::DefaultModel;
 
 use super::common::ModelArgs;
@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let n_vocab = loaded.model.hp.n_vocab;
     let first = n_ctx / 2;
     let (mut nll, mut count) = (0f64, 0usize);
-    let mut session = Session::new(&loaded.model, n_ctx, loaded.pool.clone());
+    let mut session = loaded.session()?;
     for chunk in 0..n_chunks {
         let mut batch = tokens[chunk * n_ctx..(chunk + 1) * n_ctx].to_vec();
         if let (true, Some(bos)) = (loaded.tokenizer.add_bos(), loaded.tokenizer.bos()) {

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use hotcold_core::engine::{generate, GenerateOptions, Session};
+use hotcold_core::engine::{generate, GenerateOptions};
 use hotcold_core::models::DefaultModel;
 use hotcold_core::sample::Sampler;
 
@@ -50,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         prompt.len(),
         loaded.n_ctx
     );
-    let mut session = Session::new(&loaded.model, loaded.n_ctx, loaded.pool.clone());
+    let mut session = loaded.session()?;
     let mut sampler = Sampler::new(args.sampling.config());
     let mut out = std::io::stdout().lock();
     write!(out, "{prompt_text}")?;
@@ -83,5 +83,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.pool.current_num_threads(),
         hotcold_core::cpu::simd_level()
     );
+    eprintln!("{}", super::common::density_summary(&session));
     Ok(())
 }

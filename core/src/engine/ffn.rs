@@ -1,0 +1,243 @@
+//! The feed-forward step, dense or neuron-sparse.
+//!
+//! A neuron `i` is row `i` of gate and up and row `i` of `ffn_down_t`. The sparse modes choose a set
+//! of neurons per token, compute gate/up only for the union of those sets (gather-matmul, each row
+//! read once for the batch), zero the neurons a token did not choose, and add only the non-zero
+//! neurons' down rows (sparse axpy). With a ReLU activation the oracle set is exactly the set of
+//! non-zero neurons, so `Oracle` equals `Dense` up to float summation order.
+
+use crate::cpu;
+use crate::model::{FfnActivation, LayerWeights, Model, Predictor, Weight};
+use crate::{Error, Result};
+
+/// How the FFN chooses its neurons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnMode {
+    /// Every neuron.
+    Dense,
+    /// The neurons PowerInfer's predictor selects (from the residual stream before the FFN norm).
+    Sparse,
+    /// The neurons that really fire: gate computed densely, the rest sparsely.
+    Oracle,
+}
+
+/// Neurons computed per layer, summed over the tokens seen.
+#[derive(Clone, Debug, Default)]
+pub struct FfnDensity {
+    computed: Vec<u64>,
+    tokens: Vec<u64>,
+    n_ff: usize,
+}
+
+impl FfnDensity {
+    pub(super) fn new(n_layer: usize, n_ff: usize) -> FfnDensity {
+        FfnDensity {
+            computed: vec![0; n_layer],
+            tokens: vec![0; n_layer],
+            n_ff,
+        }
+    }
+
+    fn record(&mut self, il: usize, computed: usize, tokens: usize) {
+        self.computed[il] += computed as u64;
+        self.tokens[il] += tokens as u64;
+    }
+
+    /// Fraction of the FFN neurons computed per token, per layer (1 for dense).
+    pub fn per_layer(&self) -> Vec<f64> {
+        self.computed
+            .iter()
+            .zip(&self.tokens)
+            .map(|(&c, &t)| {
+                if t == 0 {
+                    0.0
+                } else {
+                    c as f64 / (t as f64 * self.n_ff as f64)
+                }
+            })
+            .collect()
+    }
+
+    /// Mean over the layers of [`FfnDensity::per_layer`].
+    pub fn mean(&self) -> f64 {
+        let d = self.per_layer();
+        d.iter().sum::<f64>() / d.len().max(1) as f64
+    }
+}
+
+/// The FFN of layer `il` for `n` tokens: `x` is the residual stream entering the FFN (the
+/// predictor's input), `h` the same after the FFN norm. Returns `n × n_embd`.
+pub(super) fn feed_forward(
+    model: &Model,
+    mode: FfnMode,
+    il: usize,
+    x: &[f32],
+    h: &[f32],
+    n: usize,
+    density: &mut FfnDensity,
+) -> Result<Vec<f32>> {
+    let layer = &model.layers[il];
+    let act = model.hp.ffn_act;
+    let n_ff = model.hp.n_ff;
+    let a = match mode {
+        FfnMode::Dense => {
+            let (gate, up) = rayon::join(
+                || matmul(model, &layer.gate, h, n),
+                || matmul(model, &layer.up, h, n),
+            );
+            let (mut gate, up) = (gate?, up?);
+            gate.iter_mut()
+                .zip(&up)
+                .for_each(|(g, &u)| *g = act.combine(*g, u));
+            density.record(il, n * n_ff, n);
+            gate
+        }
+        FfnMode::Oracle => {
+            let gate = matmul(model, &layer.gate, h, n)?;
+            let chosen: Vec<Vec<u32>> = gate
+                .chunks_exact(n_ff)
+                .map(|g| select(g, |v| !act.is_relu() || v > 0.0))
+                .collect();
+            sparse_activations(model, layer, act, h, n, &chosen, Some(&gate), il, density)?
+        }
+        FfnMode::Sparse => {
+            let predictor = layer.predictor.as_ref().ok_or_else(|| Error::Tensor {
+                tensor: format!("blk.{il}.fc1.weight"),
+                message: "the file has no predictor for this layer (use --ffn oracle or dense)"
+                    .into(),
+            })?;
+            let logits = predict(model, predictor, x, n)?;
+            let threshold = model.hp.sparse_threshold;
+            let chosen: Vec<Vec<u32>> = logits
+                .chunks_exact(n_ff)
+                .map(|p| select(p, |v| v >= threshold))
+                .collect();
+            sparse_activations(model, layer, act, h, n, &chosen, None, il, density)?
+        }
+    };
+    down_projection(model, layer, &a, n)
+}
+
+/// PowerInfer's predictor logits `fc2 · relu(fc1 · x)`, `n × n_ff`.
+fn predict(model: &Model, p: &Predictor, x: &[f32], n: usize) -> Result<Vec<f32>> {
+    let mut hidden = matmul(model, &p.fc1, x, n)?;
+    hidden.iter_mut().for_each(|v| *v = v.max(0.0));
+    matmul(model, &p.fc2, &hidden, n)
+}
+
+/// Indices of the entries of `row` that pass `keep`.
+fn select(row: &[f32], keep: impl Fn(f32) -> bool) -> Vec<u32> {
+    row.iter()
+        .enumerate()
+        .filter(|&(_, &v)| keep(v))
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+/// The FFN activations (`n × n_ff`, zero outside each token's chosen set), computing gate (unless
+/// given densely) and up only for the union of the chosen sets.
+#[allow(clippy::too_many_arguments)]
+fn sparse_activations(
+    model: &Model,
+    layer: &LayerWeights,
+    act: FfnActivation,
+    h: &[f32],
+    n: usize,
+    chosen: &[Vec<u32>],
+    dense_gate: Option<&[f32]>,
+    il: usize,
+    density: &mut FfnDensity,
+) -> Result<Vec<f32>> {
+    let n_ff = model.hp.n_ff;
+    let union = union_of(chosen, n_ff);
+    let m = union.len();
+    let up = gather(model, &layer.up, &union, h, n)?;
+    let gate = match dense_gate {
+        Some(_) => None,
+        None => Some(gather(model, &layer.gate, &union, h, n)?),
+    };
+    let mut a = vec![0f32; n * n_ff];
+    for (t, set) in chosen.iter().enumerate() {
+        let row = &mut a[t * n_ff..(t + 1) * n_ff];
+        // Walk the token's set and the union together: both are sorted.
+        let mut k = 0;
+        for &i in set {
+            while union[k] != i {
+                k += 1;
+            }
+            let g = match (dense_gate, &gate) {
+                (Some(dense), _) => dense[t * n_ff + i as usize],
+                (None, Some(gathered)) => gathered[t * m + k],
+                (None, None) => unreachable!("gate is gathered when not given"),
+            };
+            row[i as usize] = act.combine(g, up[t * m + k]);
+        }
+    }
+    density.record(il, chosen.iter().map(Vec::len).sum(), n);
+    Ok(a)
+}
+
+/// The sorted union of the per-token index sets.
+fn union_of(sets: &[Vec<u32>], n_ff: usize) -> Vec<u32> {
+    if let [only] = sets {
+        return only.clone();
+    }
+    let mut mark = vec![false; n_ff];
+    for &i in sets.iter().flatten() {
+        mark[i as usize] = true;
+    }
+    (0..n_ff as u32).filter(|&i| mark[i as usize]).collect()
+}
+
+/// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
+/// (skipping zero activations), else the dense matmul.
+fn down_projection(model: &Model, layer: &LayerWeights, a: &[f32], n: usize) -> Result<Vec<f32>> {
+    match (&layer.down_t, &layer.down) {
+        (Some(down_t), _) => {
+            let mut out = vec![0f32; n * model.hp.n_embd];
+            cpu::sparse_axpy(&model.matrix(down_t), a, n, &mut out)?;
+            Ok(out)
+        }
+        (None, Some(down)) => matmul(model, down, a, n),
+        (None, None) => unreachable!("the loader requires ffn_down or ffn_down_t"),
+    }
+}
+
+fn matmul(model: &Model, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
+    let mut y = vec![0f32; n * w.rows];
+    cpu::matmul(&model.matrix(w), x, n, &mut y)?;
+    Ok(y)
+}
+
+fn gather(model: &Model, w: &Weight, rows: &[u32], x: &[f32], n: usize) -> Result<Vec<f32>> {
+    let mut y = vec![0f32; n * rows.len()];
+    cpu::gather_matmul(&model.matrix(w), rows, x, n, &mut y)?;
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn union_is_sorted_and_deduplicated() {
+        assert_eq!(union_of(&[vec![1, 5], vec![0, 5, 7]], 8), vec![0, 1, 5, 7]);
+        assert_eq!(union_of(&[vec![2, 3]], 8), vec![2, 3]);
+        assert_eq!(union_of(&[vec![], vec![]], 4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn select_keeps_passing_entries() {
+        assert_eq!(select(&[0.5, -1.0, 0.0, 2.0], |v| v > 0.0), vec![0, 3]);
+    }
+
+    #[test]
+    fn density_averages_over_tokens_and_layers() {
+        let mut d = FfnDensity::new(2, 10);
+        d.record(0, 3, 1);
+        d.record(0, 1, 1);
+        d.record(1, 10, 1);
+        assert_eq!(d.per_layer(), vec![0.2, 1.0]);
+        assert!((d.mean() - 0.6).abs() < 1e-12);
+    }
+}
