@@ -7,9 +7,11 @@
 //! - [`cpu`]: CPU kernels: quantised matrix products, norms, RoPE, softmax, activations.
 //! - [`model`]: hyper-parameters per architecture and weights by role.
 //! - [`engine`]: the forward pass, the KV cache, sessions.
+//! - [`predictor`]: train and measure PowerInfer-shape activation predictors from calibration traces.
 //! - [`sample`]: greedy and stochastic token sampling.
 //! - [`tokenizer`]: tokenizers rebuilt from GGUF vocabularies; chat templates.
 //! - [`models`]: locate the default models in the local cache.
+//! - [`synth`]: synthetic ReLU models in PowerInfer's format with power-law activation sparsity.
 
 pub mod cpu;
 pub mod engine;
@@ -17,8 +19,10 @@ pub mod error;
 pub mod gguf;
 pub mod model;
 pub mod models;
+pub mod predictor;
 pub mod quant;
 pub mod sample;
+pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

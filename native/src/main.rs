@@ -24,8 +24,12 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Perplexity of a text file, llama.cpp's method.
     Perplexity(cmd::perplexity::Args),
+    /// Record activation statistics on a text and train a predictor per layer (ReLU models).
+    Calibrate(cmd::calibrate::Args),
     /// Print a GGUF file's format, hyper-parameters, tokenizer and tensor table.
     Inspect(cmd::inspect::Args),
+    /// Write a synthetic ReLU model in PowerInfer's format (power-law sparsity, exact predictors).
+    Synth(cmd::synth::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,7 +39,9 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd::chat::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
+        Command::Calibrate(args) => cmd::calibrate::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

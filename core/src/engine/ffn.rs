@@ -65,8 +65,13 @@ impl FfnDensity {
     }
 }
 
+/// Sees, for every layer and batch, the FFN's input (the residual stream before the FFN norm,
+/// `n × n_embd`) and its activations (`n × n_ff`): how `calibrate` records traces.
+pub type FfnObserver = Box<dyn FnMut(usize, &[f32], &[f32]) + Send + Sync>;
+
 /// The FFN of layer `il` for `n` tokens: `x` is the residual stream entering the FFN (the
 /// predictor's input), `h` the same after the FFN norm. Returns `n × n_embd`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn feed_forward(
     model: &Model,
     mode: FfnMode,
@@ -75,6 +80,7 @@ pub(super) fn feed_forward(
     h: &[f32],
     n: usize,
     density: &mut FfnDensity,
+    observer: Option<&mut FfnObserver>,
 ) -> Result<Vec<f32>> {
     let layer = &model.layers[il];
     let act = model.hp.ffn_act;
@@ -107,7 +113,7 @@ pub(super) fn feed_forward(
                     .into(),
             })?;
             let logits = predict(model, predictor, x, n)?;
-            let threshold = model.hp.sparse_threshold;
+            let threshold = model.hp.sparse_thresholds[il];
             let chosen: Vec<Vec<u32>> = logits
                 .chunks_exact(n_ff)
                 .map(|p| select(p, |v| v >= threshold))
@@ -115,6 +121,9 @@ pub(super) fn feed_forward(
             sparse_activations(model, layer, act, h, n, &chosen, None, il, density)?
         }
     };
+    if let Some(observe) = observer {
+        observe(il, x, &a);
+    }
     down_projection(model, layer, &a, n)
 }
 

@@ -5,11 +5,13 @@ mod attention;
 mod ffn;
 mod generate;
 mod kv_cache;
+mod perplexity;
 mod session;
 
-pub use ffn::{FfnDensity, FfnMode};
+pub use ffn::{FfnDensity, FfnMode, FfnObserver};
 pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::KvCache;
+pub use perplexity::{perplexity, ChunkScore};
 pub use session::{Logits, Session};
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::attention::{attend, AttentionShape};
-use super::ffn::{feed_forward, FfnDensity, FfnMode};
+use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
 use crate::cpu::ops::{self, Rope};
 use crate::cpu::{self, Matrix};
@@ -32,6 +32,7 @@ pub struct Session<'m> {
     rope_swa: Rope,
     ffn_mode: FfnMode,
     density: FfnDensity,
+    observer: Option<FfnObserver>,
 }
 
 impl<'m> Session<'m> {
@@ -47,7 +48,13 @@ impl<'m> Session<'m> {
             rope_swa: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base_swa, 1.0),
             ffn_mode: default_ffn_mode(model),
             density: FfnDensity::new(hp.n_layer, hp.n_ff),
+            observer: None,
         }
+    }
+
+    /// Installs (or removes) a callback that sees every layer's FFN input and activations.
+    pub fn set_ffn_observer(&mut self, observer: Option<FfnObserver>) {
+        self.observer = observer;
     }
 
     /// Chooses how the FFN picks its neurons (default: `Sparse` when every layer has a
@@ -170,7 +177,16 @@ impl<'m> Session<'m> {
             self.model.hp.rms_eps,
         );
         let h = self.norm_rows(x, &layer.ffn_norm);
-        let ffn = feed_forward(self.model, self.ffn_mode, il, x, &h, n, &mut self.density)?;
+        let ffn = feed_forward(
+            self.model,
+            self.ffn_mode,
+            il,
+            x,
+            &h,
+            n,
+            &mut self.density,
+            self.observer.as_mut(),
+        )?;
         residual_add(
             x,
             ffn,

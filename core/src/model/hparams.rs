@@ -137,10 +137,14 @@ pub struct HyperParams {
     pub ffn_act: FfnActivation,
     /// `tanh` soft-capping of the final logits, when set.
     pub final_logit_softcap: Option<f32>,
-    /// PowerInfer's predictor threshold: neuron i is predicted active unless its predictor logit
-    /// is below this (`powerinfer.sparse_threshold`, default 0).
-    pub sparse_threshold: f32,
+    /// Predictor thresholds per layer: neuron i is predicted active unless its predictor logit is
+    /// below this. `hotcold.predictor.thresholds` (one per layer, written by `calibrate`), else
+    /// PowerInfer's single `powerinfer.sparse_threshold` (default 0).
+    pub sparse_thresholds: Vec<f32>,
 }
+
+/// Metadata key of the per-layer predictor thresholds written by `calibrate`.
+pub const PREDICTOR_THRESHOLDS_KEY: &str = "hotcold.predictor.thresholds";
 
 impl HyperParams {
     /// Reads the hyper-parameters of `file` (its vocabulary size is checked against the embedding
@@ -265,7 +269,7 @@ impl HyperParams {
             embed_scale,
             ffn_act,
             final_logit_softcap,
-            sparse_threshold: file.get_f32("powerinfer.sparse_threshold")?.unwrap_or(0.0),
+            sparse_thresholds: sparse_thresholds(file, n_layer)?,
         })
     }
 
@@ -283,6 +287,20 @@ impl HyperParams {
     pub fn v_width(&self) -> usize {
         self.n_head_kv * self.head_dim_v
     }
+}
+
+fn sparse_thresholds(file: &GgufFile, n_layer: usize) -> Result<Vec<f32>> {
+    if let Some(array) = file.get_array(PREDICTOR_THRESHOLDS_KEY)? {
+        return match array.to_f32_vec() {
+            Some(t) if t.len() == n_layer => Ok(t),
+            _ => Err(Error::Metadata {
+                key: PREDICTOR_THRESHOLDS_KEY.into(),
+                message: format!("expected {n_layer} floats"),
+            }),
+        };
+    }
+    let global = file.get_f32("powerinfer.sparse_threshold")?.unwrap_or(0.0);
+    Ok(vec![global; n_layer])
 }
 
 fn to_usize(key: &str, v: u64) -> Result<usize> {

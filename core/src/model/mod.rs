@@ -6,5 +6,5 @@
 mod hparams;
 mod weights;
 
-pub use hparams::{Arch, FfnActivation, HyperParams};
+pub use hparams::{Arch, FfnActivation, HyperParams, PREDICTOR_THRESHOLDS_KEY};
 pub use weights::{LayerWeights, Model, Predictor, Weight};

@@ -1,9 +1,11 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod calibrate;
 pub mod chat;
 pub mod common;
 pub mod inspect;
 pub mod model_arg;
 pub mod perplexity;
 pub mod run;
+pub mod synth;

@@ -1,0 +1,239 @@
+use super::*;
+use crate::gguf::GgufFile;
+use crate::quant::dequantize;
+use crate::tokenizer::Tokenizer;
+
+const PARAGRAPH: &str = "When the children came home from school, their mother was waiting at \
+the door with a warm meal. They told her about the new teacher, the long walk along the river and \
+the small dog that had followed them all the way through the town. After dinner the family sat \
+together and talked about their plans for the summer, when the days are long and the fields are \
+green. Father said that they could travel to the sea, or visit the mountains in the north, if the \
+weather was good and the work on the farm was done.";
+
+fn tiny(ty: GgmlType, arch: SynthArch) -> GgufFile {
+    let mut cfg = SynthConfig::preset("tiny").unwrap();
+    cfg.ty = ty;
+    cfg.arch = arch;
+    let (w, _) = build(&cfg).unwrap();
+    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+fn matrix(file: &GgufFile, name: &str) -> (Vec<f32>, usize) {
+    let t = file.require_tensor(name).unwrap();
+    let mut out = vec![0.0f32; t.n_elements() as usize];
+    dequantize(t.ty, file.tensor_data(t), &mut out).unwrap();
+    (out, t.shape[0] as usize)
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[test]
+fn predictor_is_exact() {
+    let d = Dims {
+        n_embd: 64,
+        n_ff: 96,
+        n_head: 4,
+        n_head_kv: 4,
+        rank: 8,
+        c0: C0,
+        alpha: ALPHA,
+    };
+    let mut frng = Rng::new(1);
+    let freq = layer::zipf_frequencies(&mut frng, d.n_ff, 0.1, 1.2);
+    let lw = layer::build(&d, SynthArch::Llama, 7, 0, 1.0, &freq);
+    let mut rng = Rng::new(3);
+    for _ in 0..20 {
+        let mut x = vec![0.0f32; 64];
+        rng.fill_normal(&mut x, 1.0);
+        x[0] = C0;
+        let hidden: Vec<f32> = lw.fc1.chunks(64).map(|r| dot(r, &x).max(0.0)).collect();
+        assert_eq!(hidden.len(), 2 * d.rank);
+        for i in 0..d.n_ff {
+            let pred = dot(&lw.fc2[i * 16..(i + 1) * 16], &hidden);
+            // G·x with G = W_gate·diag(ffn_norm)
+            let g: f32 = (0..64)
+                .map(|j| lw.gate[i * 64 + j] * lw.ffn_norm[j] * x[j])
+                .sum();
+            assert!((pred - g).abs() < 1e-4 * (1.0 + g.abs()), "{pred} vs {g}");
+        }
+    }
+}
+
+#[test]
+fn deterministic_for_a_seed() {
+    let cfg = SynthConfig::preset("tiny").unwrap();
+    let a = build(&cfg).unwrap().0.to_bytes().unwrap();
+    let b = build(&cfg).unwrap().0.to_bytes().unwrap();
+    assert!(a == b);
+    let mut other = cfg.clone();
+    other.seed = 1;
+    let c = build(&other).unwrap().0.to_bytes().unwrap();
+    assert!(a != c);
+}
+
+#[test]
+fn tiny_file_has_powerinfer_layout() {
+    for (ty, arch) in [
+        (GgmlType::F16, SynthArch::Llama),
+        (GgmlType::Q4_0, SynthArch::Bamboo),
+        (GgmlType::Q8_0, SynthArch::Llama),
+    ] {
+        let mut cfg = SynthConfig::preset("tiny").unwrap();
+        cfg.ty = ty;
+        cfg.arch = arch;
+        let (w, report) = build(&cfg).unwrap();
+        let bytes = w.to_bytes().unwrap();
+        assert!(bytes.len() < 2 << 20, "tiny is {} bytes", bytes.len());
+        let f = GgufFile::from_bytes(bytes).unwrap();
+        assert_eq!(f.magic(), Magic::PowerInfer);
+        assert_eq!(f.version(), 3);
+        assert_eq!(f.architecture().unwrap(), arch.name());
+        assert_eq!(
+            f.get_str("hotcold.ffn_activation").unwrap(),
+            Some(arch.activation())
+        );
+        assert_eq!(
+            f.get_f32("powerinfer.sparse_threshold").unwrap(),
+            Some(cfg.threshold())
+        );
+        let a = arch.name();
+        assert_eq!(
+            f.require_u64(&format!("{a}.feed_forward_length")).unwrap(),
+            512
+        );
+        let (e, ff, v, r2) = (128u64, 512u64, 1000u64, 32u64);
+        let mut expected: Vec<(String, Vec<u64>, GgmlType)> = vec![
+            ("token_embd.weight".into(), vec![e, v], ty),
+            ("output_norm.weight".into(), vec![e], GgmlType::F32),
+            ("output.weight".into(), vec![e, v], ty),
+        ];
+        for il in 0..2 {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            expected.extend([
+                (n("attn_norm"), vec![e], GgmlType::F32),
+                (n("attn_q"), vec![e, e], ty),
+                (n("attn_k"), vec![e, e], ty),
+                (n("attn_v"), vec![e, e], ty),
+                (n("attn_output"), vec![e, e], ty),
+                (n("ffn_norm"), vec![e], GgmlType::F32),
+                (n("ffn_gate"), vec![e, ff], ty),
+                (n("ffn_up"), vec![e, ff], ty),
+                (n("ffn_down_t"), vec![e, ff], ty),
+                (n("fc1"), vec![e, r2], GgmlType::F16),
+                (n("fc2"), vec![r2, ff], GgmlType::F16),
+            ]);
+        }
+        assert_eq!(f.tensors().len(), expected.len());
+        assert_eq!(report.n_tensors, expected.len());
+        for (name, shape, t) in expected {
+            let info = f.require_tensor(&name).unwrap();
+            assert_eq!(info.shape, shape, "{name}");
+            assert_eq!(info.ty, t, "{name}");
+        }
+        assert!(report.ffn_bytes > 0 && report.predictor_bytes > 0);
+    }
+}
+
+#[test]
+fn tokenizer_round_trips_english() {
+    let f = tiny(GgmlType::F16, SynthArch::Llama);
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    assert_eq!(tok.vocab_size(), 1000);
+    let text = "The children walked along the river, and their mother was waiting at home.";
+    let ids = tok.encode(text, true, false).unwrap();
+    assert_eq!(ids[0], 1);
+    let bytes = ids.iter().filter(|&&i| (3..259).contains(&i)).count();
+    assert!(bytes == 0, "{bytes} byte tokens in {ids:?}");
+    assert!(ids.len() < text.len() / 2, "{} tokens", ids.len());
+    assert_eq!(tok.decode(&ids[1..]).trim_start(), text);
+    let odd = "Zürich — 東京 ~ {x}";
+    let ids = tok.encode(odd, false, false).unwrap();
+    assert_eq!(tok.decode(&ids).trim_start(), odd);
+}
+
+/// Layer 0 on the embeddings of an English paragraph: gate density, heavy tail, predictor recall.
+fn measure(ty: GgmlType, arch: SynthArch) -> (f64, f64, f64, f64) {
+    let f = tiny(ty, arch);
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let mut ids = tok.encode(PARAGRAPH, false, false).unwrap();
+    ids.extend(tok.encode(vocab::CORPUS, false, false).unwrap());
+    let (embd, e) = matrix(&f, "token_embd.weight");
+    let (norm, _) = matrix(&f, "blk.0.ffn_norm.weight");
+    let (gate, _) = matrix(&f, "blk.0.ffn_gate.weight");
+    let (up, _) = matrix(&f, "blk.0.ffn_up.weight");
+    let (fc1, _) = matrix(&f, "blk.0.fc1.weight");
+    let (fc2, r2) = matrix(&f, "blk.0.fc2.weight");
+    let t = f.get_f32("powerinfer.sparse_threshold").unwrap().unwrap();
+    let n_ff = gate.len() / e;
+    let mut counts = vec![0u64; n_ff];
+    let (mut active, mut predicted_active, mut predicted) = (0u64, 0u64, 0u64);
+    for &id in &ids {
+        let x = &embd[id as usize * e..(id as usize + 1) * e];
+        let ms = dot(x, x) / e as f32;
+        let h: Vec<f32> = x
+            .iter()
+            .zip(&norm)
+            .map(|(v, n)| v / (ms + 1e-5).sqrt() * n)
+            .collect();
+        let hid: Vec<f32> = fc1.chunks(e).map(|r| dot(r, x).max(0.0)).collect();
+        for i in 0..n_ff {
+            let g = dot(&gate[i * e..(i + 1) * e], &h);
+            let on = match arch {
+                SynthArch::Llama => g > 0.0,
+                SynthArch::Bamboo => g > 0.0 && dot(&up[i * e..(i + 1) * e], &h) > 0.0,
+            };
+            let pred = dot(&fc2[i * r2..(i + 1) * r2], &hid) >= t;
+            if on {
+                counts[i] += 1;
+                active += 1;
+                predicted_active += u64::from(pred);
+            }
+            predicted += u64::from(pred);
+        }
+    }
+    let density = active as f64 / (ids.len() * n_ff) as f64;
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    let top10: u64 = counts[..n_ff / 10].iter().sum();
+    let share = top10 as f64 / active as f64;
+    let recall = predicted_active as f64 / active as f64;
+    let pdensity = predicted as f64 / (ids.len() * n_ff) as f64;
+    eprintln!(
+        "{ty} {arch:?}: {} tokens, density {density:.4}, top-10% share {share:.3}, \
+         recall {recall:.4}, predicted density {pdensity:.4}",
+        ids.len()
+    );
+    (density, share, recall, pdensity)
+}
+
+#[test]
+fn layer0_sparsity_on_text() {
+    for (ty, arch) in [
+        (GgmlType::F16, SynthArch::Llama),
+        (GgmlType::Q4_0, SynthArch::Llama),
+        (GgmlType::Q8_0, SynthArch::Bamboo),
+        (GgmlType::Q4_0, SynthArch::Bamboo),
+    ] {
+        let (density, share, recall, _) = measure(ty, arch);
+        assert!(
+            (density - 0.1).abs() < 0.03,
+            "{ty} {arch:?}: density {density}"
+        );
+        assert!(share > 0.4, "{ty} {arch:?}: top-10% share {share}");
+        assert!(recall >= 0.99, "{ty} {arch:?}: recall {recall}");
+    }
+}
+
+#[test]
+fn presets_and_bad_configs() {
+    for p in PRESETS {
+        SynthConfig::preset(p).unwrap().validate().unwrap();
+    }
+    assert!(SynthConfig::preset("huge").is_err());
+    let mut cfg = SynthConfig::preset("tiny").unwrap();
+    cfg.ty = GgmlType::Q4_K;
+    assert!(build(&cfg).is_err());
+    assert_eq!(SynthArch::parse("bamboo").unwrap(), SynthArch::Bamboo);
+    assert!(SynthArch::parse("gpt2").is_err());
+}
