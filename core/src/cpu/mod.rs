@@ -201,6 +201,51 @@ fn offset_shift(ty: GgmlType) -> u32 {
     }
 }
 
+/// Rounds each of the `n_tokens` rows of `x` (each `cols` values) exactly as [`matmul`] quantises
+/// its input for weights of type `ty` (to f16, Q8_0 or Q8_K, and back to f32), so that a product
+/// computed another way (the sparse axpy) sees the activations ggml's product would see.
+pub fn round_like_matmul_input(
+    ty: GgmlType,
+    x: &mut [f32],
+    n_tokens: usize,
+    cols: usize,
+) -> Result<()> {
+    let kind = kind_for(ty).ok_or(Error::UnsupportedType {
+        ty: ty.name(),
+        op: "matmul",
+    })?;
+    if n_tokens.checked_mul(cols) != Some(x.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n_tokens} × {cols}",
+            x.len()
+        )));
+    }
+    let block = match kind {
+        ActKind::F32 => return Ok(()),
+        ActKind::F16 | ActKind::Bf16 => 1,
+        ActKind::Q8_0 | ActKind::Q8_1 => 32,
+        ActKind::Q8K => 256,
+    };
+    if cols % block != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{cols} values are not a whole number of {block}-value blocks"
+        )));
+    }
+    let mut acts = Acts::default();
+    acts.quantize(Level::current(), kind, 0, x, n_tokens, cols);
+    for (t, row) in x.chunks_exact_mut(cols).enumerate() {
+        if block == 1 {
+            row.copy_from_slice(acts.f(t));
+            continue;
+        }
+        let (q, d) = (acts.q(t), acts.d(t));
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = d[i / block] * f32::from(q[i]);
+        }
+    }
+    Ok(())
+}
+
 /// Computes `y[t*rows + r] = dot(W row r, x[t*cols .. (t+1)*cols])` for `t` in `0..n_tokens`.
 ///
 /// `x` holds `n_tokens` token rows of `w.cols` f32 values; `y` receives `n_tokens` rows of

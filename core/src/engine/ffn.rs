@@ -85,7 +85,7 @@ pub(super) fn feed_forward(
     let layer = &model.layers[il];
     let act = model.hp.ffn_act;
     let n_ff = model.hp.n_ff;
-    let a = match mode {
+    let mut a = match mode {
         FfnMode::Dense => {
             let (gate, up) = rayon::join(
                 || matmul(model, &layer.gate, h, n),
@@ -124,7 +124,7 @@ pub(super) fn feed_forward(
     if let Some(observe) = observer {
         observe(il, x, &a);
     }
-    down_projection(model, layer, &a, n)
+    down_projection(model, layer, &mut a, n)
 }
 
 /// PowerInfer's predictor logits `fc2 · relu(fc1 · x)`, `n × n_ff`.
@@ -199,11 +199,19 @@ fn union_of(sets: &[Vec<u32>], n_ff: usize) -> Vec<u32> {
 }
 
 /// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
-/// (skipping zero activations), else the dense matmul.
-fn down_projection(model: &Model, layer: &LayerWeights, a: &[f32], n: usize) -> Result<Vec<f32>> {
+/// (skipping zero activations), else the dense matmul. The axpy's coefficients are first rounded as
+/// ggml rounds a product's input for the down weights' type (Q8_0 for Q4_0, f16 for F16), as
+/// ggml's dense product and PowerInfer's sparse kernels both do.
+fn down_projection(
+    model: &Model,
+    layer: &LayerWeights,
+    a: &mut [f32],
+    n: usize,
+) -> Result<Vec<f32>> {
     match (&layer.down_t, &layer.down) {
         (Some(down_t), _) => {
             let mut out = vec![0f32; n * model.hp.n_embd];
+            cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
             cpu::sparse_axpy(&model.matrix(down_t), a, n, &mut out)?;
             Ok(out)
         }
