@@ -226,7 +226,7 @@ pub fn round_like_matmul_input(
         ActKind::Q8_0 | ActKind::Q8_1 => 32,
         ActKind::Q8K => 256,
     };
-    if cols % block != 0 {
+    if !cols.is_multiple_of(block) {
         return Err(Error::InvalidArgument(format!(
             "{cols} values are not a whole number of {block}-value blocks"
         )));
