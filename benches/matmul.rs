@@ -76,21 +76,9 @@ fn main() {
         "type", "rows×cols", "tok", "path", "µs/call", "GB/s", "GFLOP/s", "speedup"
     );
 
-    let types = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
+    let types = hotcold::cpu::MATMUL_TYPES;
     let mut cases: Vec<(GgmlType, usize, usize)> = Vec::new();
-    for &ty in &types {
+    for &ty in types {
         for &(rows, cols) in &[(2048usize, 640usize), (640, 2048)] {
             if cols % ty.block_size() == 0 {
                 cases.push((ty, rows, cols));

@@ -201,6 +201,21 @@ fn offset_shift(ty: GgmlType) -> u32 {
     }
 }
 
+/// The weight types [`matmul`] (and [`gather_matmul`], [`sparse_axpy`]) have kernels for.
+pub const MATMUL_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 /// Rounds each of the `n_tokens` rows of `x` (each `cols` values) exactly as [`matmul`] quantises
 /// its input for weights of type `ty` (to f16, Q8_0 or Q8_K, and back to f32), so that a product
 /// computed another way (the sparse axpy) sees the activations ggml's product would see.

@@ -2,43 +2,12 @@
 //! axpy against an f64 reference on dequantised weights (all neurons active and 10%), bit-exact
 //! across thread counts and SIMD paths, skipped zeros, and argument errors.
 
+use super::super::tests::Rng;
 use super::super::{matmul, matmul_at, Level, Matrix};
 use super::*;
 use crate::quant::{dequantize, quantize, GgmlType};
 
-/// The weight types of [`Matrix`].
-const TYPES: &[GgmlType] = &[
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+const TYPES: &[GgmlType] = super::super::MATMUL_TYPES;
 
 /// The dense matmul levels this CPU can run.
 fn matmul_levels() -> Vec<Level> {

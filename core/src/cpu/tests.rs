@@ -7,38 +7,29 @@ use half::f16;
 use super::*;
 use crate::quant::{dequantize, quantize, GgmlType};
 
-/// The weight types [`matmul`] supports.
-const TYPES: &[GgmlType] = &[
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const TYPES: &[GgmlType] = MATMUL_TYPES;
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
+/// A small deterministic generator (xorshift64*), shared with the sparse operators' tests.
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
+    pub(super) fn f(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
     /// Uniform integer in `lo..=hi`.
-    fn int(&mut self, lo: i32, hi: i32) -> i32 {
+    pub(super) fn int(&mut self, lo: i32, hi: i32) -> i32 {
         lo + (self.next() % (hi - lo + 1) as u64) as i32
+    }
+    /// Uniform in `0..n`.
+    pub(super) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
