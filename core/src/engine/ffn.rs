@@ -19,6 +19,9 @@ pub enum FfnMode {
     Sparse,
     /// The neurons that really fire: gate computed densely, the rest sparsely.
     Oracle,
+    /// Training-free sparsity (CATS): gate computed densely, neurons whose gate activation is
+    /// smaller in magnitude than the layer's calibrated threshold skipped in up and down.
+    Cats,
 }
 
 /// Neurons computed per layer, summed over the tokens seen.
@@ -65,9 +68,20 @@ impl FfnDensity {
     }
 }
 
-/// Sees, for every layer and batch, the FFN's input (the residual stream before the FFN norm,
-/// `n × n_embd`) and its activations (`n × n_ff`): how `calibrate` records traces.
-pub type FfnObserver = Box<dyn FnMut(usize, &[f32], &[f32]) + Send + Sync>;
+/// What an [`FfnObserver`] sees of one layer and batch.
+pub struct FfnTrace<'a> {
+    /// The layer.
+    pub layer: usize,
+    /// The residual stream entering the FFN, before its norm (`n × n_embd`).
+    pub input: &'a [f32],
+    /// The gate pre-activations (`n × n_ff`), in the modes that compute the gate densely.
+    pub gate: Option<&'a [f32]>,
+    /// The FFN activations (`n × n_ff`, zero for skipped neurons).
+    pub activations: &'a [f32],
+}
+
+/// Sees every layer's FFN trace: how `calibrate` records statistics.
+pub type FfnObserver = Box<dyn FnMut(&FfnTrace) + Send + Sync>;
 
 /// The FFN of layer `il` for `n` tokens: `x` is the residual stream entering the FFN (the
 /// predictor's input), `h` the same after the FFN norm. Returns `n × n_embd`.
@@ -85,26 +99,34 @@ pub(super) fn feed_forward(
     let layer = &model.layers[il];
     let act = model.hp.ffn_act;
     let n_ff = model.hp.n_ff;
-    let mut a = match mode {
+    let (mut a, gate) = match mode {
         FfnMode::Dense => {
             let (gate, up) = rayon::join(
                 || matmul(model, &layer.gate, h, n),
                 || matmul(model, &layer.up, h, n),
             );
-            let (mut gate, up) = (gate?, up?);
-            gate.iter_mut()
+            let (gate, up) = (gate?, up?);
+            let a = gate
+                .iter()
                 .zip(&up)
-                .for_each(|(g, &u)| *g = act.combine(*g, u));
-            density.record(il, n * n_ff, n);
-            gate
-        }
-        FfnMode::Oracle => {
-            let gate = matmul(model, &layer.gate, h, n)?;
-            let chosen: Vec<Vec<u32>> = gate
-                .chunks_exact(n_ff)
-                .map(|g| select(g, |v| !act.is_relu() || v > 0.0))
+                .map(|(&g, &u)| act.combine(g, u))
                 .collect();
-            sparse_activations(model, layer, act, h, n, &chosen, Some(&gate), il, density)?
+            density.record(il, n * n_ff, n);
+            (a, Some(gate))
+        }
+        FfnMode::Oracle | FfnMode::Cats => {
+            let gate = matmul(model, &layer.gate, h, n)?;
+            let threshold = match mode {
+                FfnMode::Cats => cats_threshold(model, il)?,
+                _ => 0.0,
+            };
+            let keep = |v: f32| match mode {
+                FfnMode::Cats => act.gate(v).abs() >= threshold,
+                _ => !act.is_relu() || v > 0.0,
+            };
+            let chosen: Vec<Vec<u32>> = gate.chunks_exact(n_ff).map(|g| select(g, keep)).collect();
+            let a = sparse_activations(model, layer, act, h, n, &chosen, Some(&gate), il, density)?;
+            (a, Some(gate))
         }
         FfnMode::Sparse => {
             let predictor = layer.predictor.as_ref().ok_or_else(|| Error::Tensor {
@@ -118,14 +140,34 @@ pub(super) fn feed_forward(
                 .chunks_exact(n_ff)
                 .map(|p| select(p, |v| v >= threshold))
                 .collect();
-            sparse_activations(model, layer, act, h, n, &chosen, None, il, density)?
+            let a = sparse_activations(model, layer, act, h, n, &chosen, None, il, density)?;
+            (a, None)
         }
     };
     if let Some(observe) = observer {
-        observe(il, x, &a);
+        observe(&FfnTrace {
+            layer: il,
+            input: x,
+            gate: gate.as_deref(),
+            activations: &a,
+        });
     }
     down_projection(model, layer, &mut a, n)
 }
+
+/// Layer `il`'s CATS threshold (a file without them is rejected when the mode is chosen).
+fn cats_threshold(model: &Model, il: usize) -> Result<f32> {
+    model
+        .hp
+        .cats_thresholds
+        .as_ref()
+        .map(|t| t[il])
+        .ok_or_else(|| Error::InvalidArgument(CATS_NEEDS_THRESHOLDS.into()))
+}
+
+/// The error for `--ffn cats` on a file without calibrated thresholds.
+pub(super) const CATS_NEEDS_THRESHOLDS: &str =
+    "--ffn cats needs thresholds from `hotcold calibrate --target-sparsity` (hotcold.cats.thresholds)";
 
 /// PowerInfer's predictor logits `fc2 · relu(fc1 · x)`, `n × n_ff`.
 fn predict(model: &Model, p: &Predictor, x: &[f32], n: usize) -> Result<Vec<f32>> {

@@ -8,7 +8,7 @@ mod kv_cache;
 mod perplexity;
 mod session;
 
-pub use ffn::{FfnDensity, FfnMode, FfnObserver};
+pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
 pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::KvCache;
 pub use perplexity::{perplexity, ChunkScore};

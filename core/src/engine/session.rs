@@ -60,6 +60,11 @@ impl<'m> Session<'m> {
     /// Chooses how the FFN picks its neurons (default: `Sparse` when every layer has a
     /// predictor, else `Dense`). `Sparse` on a file without predictors is an error.
     pub fn set_ffn_mode(&mut self, mode: FfnMode) -> Result<()> {
+        if mode == FfnMode::Cats && self.model.hp.cats_thresholds.is_none() {
+            return Err(Error::InvalidArgument(
+                super::ffn::CATS_NEEDS_THRESHOLDS.into(),
+            ));
+        }
         if mode == FfnMode::Sparse && self.model.layers.iter().any(|l| l.predictor.is_none()) {
             return Err(Error::InvalidArgument(
                 "--ffn sparse needs a predictor (blk.N.fc1/fc2) in every layer; use --ffn oracle or dense".into(),

@@ -79,6 +79,15 @@ impl FfnActivation {
         matches!(self, FfnActivation::Relu | FfnActivation::DRelu)
     }
 
+    /// The activation applied to the gate pre-activation alone.
+    pub fn gate(self, gate: f32) -> f32 {
+        match self {
+            FfnActivation::Silu => crate::cpu::ops::silu(gate),
+            FfnActivation::Gelu => crate::cpu::ops::gelu_ggml(gate),
+            FfnActivation::Relu | FfnActivation::DRelu => gate.max(0.0),
+        }
+    }
+
     /// The neuron's output from its gate and up projections.
     pub fn combine(self, gate: f32, up: f32) -> f32 {
         match self {
@@ -141,7 +150,12 @@ pub struct HyperParams {
     /// below this. `hotcold.predictor.thresholds` (one per layer, written by `calibrate`), else
     /// PowerInfer's single `powerinfer.sparse_threshold` (default 0).
     pub sparse_thresholds: Vec<f32>,
+    /// Training-free (CATS) thresholds per layer on `|act(gate)|`, from `hotcold.cats.thresholds`.
+    pub cats_thresholds: Option<Vec<f32>>,
 }
+
+/// Metadata key of the per-layer CATS thresholds written by `calibrate --target-sparsity`.
+pub const CATS_THRESHOLDS_KEY: &str = "hotcold.cats.thresholds";
 
 /// Metadata key of the per-layer predictor thresholds written by `calibrate`.
 pub const PREDICTOR_THRESHOLDS_KEY: &str = "hotcold.predictor.thresholds";
@@ -270,6 +284,16 @@ impl HyperParams {
             ffn_act,
             final_logit_softcap,
             sparse_thresholds: sparse_thresholds(file, n_layer)?,
+            cats_thresholds: file
+                .get_array(CATS_THRESHOLDS_KEY)?
+                .map(|a| match a.to_f32_vec() {
+                    Some(t) if t.len() == n_layer => Ok(t),
+                    _ => Err(Error::Metadata {
+                        key: CATS_THRESHOLDS_KEY.into(),
+                        message: format!("expected {n_layer} floats"),
+                    }),
+                })
+                .transpose()?,
         })
     }
 

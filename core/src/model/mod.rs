@@ -6,5 +6,7 @@
 mod hparams;
 mod weights;
 
-pub use hparams::{Arch, FfnActivation, HyperParams, PREDICTOR_THRESHOLDS_KEY};
+pub use hparams::{
+    Arch, FfnActivation, HyperParams, CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY,
+};
 pub use weights::{LayerWeights, Model, Predictor, Weight};

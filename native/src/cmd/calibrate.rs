@@ -1,19 +1,23 @@
-//! `hotcold calibrate`: run the dense FFN over a text, record every layer's (input, active
-//! neurons) pairs, train a PowerInfer-shape predictor per layer, and write a PowerInfer-readable
-//! file with the predictors and the per-neuron activation frequencies.
+//! `hotcold calibrate`: run the dense FFN over a text and record every layer's statistics.
+//! - ReLU / dReLU models: (input, active neurons) pairs train a PowerInfer-shape predictor per
+//!   layer; the output is a PowerInfer-readable file with the predictors and the per-neuron
+//!   activation frequencies.
+//! - Dense SwiGLU / GeGLU models, with `--target-sparsity S`: CATS thresholds per layer, the
+//!   `S`-quantile of `|act(gate)|`, written as `hotcold.cats.thresholds`; weights untouched.
 
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use hotcold_core::engine::{FfnMode, Logits};
+use hotcold_core::engine::{FfnMode, FfnObserver, FfnTrace, Logits};
 use hotcold_core::gguf::{GgufWriter, Magic, MetaArray, MetaValue};
-use hotcold_core::model::{Model, Weight, PREDICTOR_THRESHOLDS_KEY};
+use hotcold_core::model::{CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY};
 use hotcold_core::models::DefaultModel;
 use hotcold_core::predictor::{evaluate, train, PredictorMetrics, Samples, TrainConfig};
 use hotcold_core::quant::{self, GgmlType};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::path::Path;
 
-use super::common::ModelArgs;
+use super::common::{Loaded, ModelArgs};
 
 /// Arguments of `hotcold calibrate`.
 #[derive(clap::Args)]
@@ -41,7 +45,13 @@ pub struct Args {
     /// Seed of the split and the initialisation.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// For dense (non-ReLU) models: the fraction of FFN neurons to skip per token (CATS).
+    #[arg(long)]
+    target_sparsity: Option<f64>,
 }
+
+/// Gate activations kept per layer for the CATS quantiles (a strided subsample beyond this).
+const MAX_GATE_SAMPLES: usize = 1 << 21;
 
 /// Metadata key prefix of the per-neuron activation frequencies (`{prefix}.{layer}`, f32 arrays).
 pub const FREQUENCY_KEY_PREFIX: &str = "hotcold.activation_frequency";
@@ -50,14 +60,7 @@ pub const FREQUENCY_KEY_PREFIX: &str = "hotcold.activation_frequency";
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
     model_args.ctx_size = Some(model_args.ctx_size.unwrap_or(512));
-    let loaded = model_args.load(DefaultModel::Gemma3_270m)?;
-    let model = &loaded.model;
-    let hp = &model.hp;
-    anyhow::ensure!(
-        hp.ffn_act.is_relu(),
-        "calibrate trains predictors for ReLU / dReLU models; {:?} activations are never exactly zero",
-        hp.ffn_act
-    );
+    let mut loaded = model_args.load(DefaultModel::Gemma3_270m)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = loaded.tokenizer.encode(&text, true, false)?;
@@ -66,6 +69,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "the calibration text has only {} tokens",
         tokens.len()
     );
+    if let Some(sparsity) = args.target_sparsity {
+        anyhow::ensure!(
+            (0.0..1.0).contains(&sparsity),
+            "--target-sparsity must be in [0, 1)"
+        );
+        return calibrate_cats(&loaded, &tokens, sparsity, &args.output);
+    }
+    anyhow::ensure!(
+        loaded.model.hp.ffn_act.is_relu(),
+        "{:?} activations are never exactly zero: use --target-sparsity for training-free sparsity",
+        loaded.model.hp.ffn_act
+    );
+    loaded.model.repack_down_t()?;
+    let model = &loaded.model;
+    let hp = &model.hp;
 
     // 1. Traces: every layer's FFN input and activations on the dense path.
     let samples: Arc<Mutex<Vec<Samples>>> = Arc::new(Mutex::new(
@@ -73,24 +91,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|_| Samples::new(hp.n_embd, hp.n_ff))
             .collect(),
     ));
-    let mut session = loaded.session()?;
-    session.set_ffn_mode(FfnMode::Dense)?;
     let sink = samples.clone();
     let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
-    session.set_ffn_observer(Some(Box::new(move |il, x, a| {
-        let mut all = sink.lock().expect("trace lock");
-        for (xr, ar) in x.chunks_exact(n_embd).zip(a.chunks_exact(n_ff)) {
-            all[il].push(xr, ar);
-        }
-    })));
-    let bar = progress(tokens.len() as u64, "tracing");
-    for chunk in tokens.chunks(loaded.n_ctx) {
-        session.truncate(0);
-        session.eval(chunk, Logits::Last)?;
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    drop(session);
+    trace(
+        &loaded,
+        &tokens,
+        Box::new(move |t: &FfnTrace| {
+            let mut all = sink.lock().expect("trace lock");
+            for (xr, ar) in t
+                .input
+                .chunks_exact(n_embd)
+                .zip(t.activations.chunks_exact(n_ff))
+            {
+                all[t.layer].push(xr, ar);
+            }
+        }),
+    )?;
     let samples = Arc::try_unwrap(samples)
         .map_err(|_| anyhow::anyhow!("trace still shared"))?
         .into_inner()
@@ -131,17 +147,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &[p.rank as u64, hp.n_ff as u64],
             &p.fc2,
         )?;
-        if model.layers[il].down_t.is_none() {
-            let down = model.layers[il]
-                .down
-                .as_ref()
-                .expect("a layer without down_t has down");
-            let (ty, bytes) = transpose(model, down)?;
+        let down_t = model.layers[il].down_t.as_ref().expect("repacked above");
+        if model
+            .file()
+            .tensor(&format!("blk.{il}.ffn_down_t.weight"))
+            .is_none()
+        {
+            // Repacked from ffn_down; PowerInfer's sparse loader reads only ffn_down_t.
+            writer.remove_tensor(&format!("blk.{il}.ffn_down.weight"));
             writer.add_tensor(
                 format!("blk.{il}.ffn_down_t.weight"),
-                ty,
+                down_t.ty,
                 &[hp.n_embd as u64, hp.n_ff as u64],
-                bytes,
+                model.matrix(down_t).data.to_vec(),
             )?;
         }
         writer.set(
@@ -192,29 +210,70 @@ fn put_f16(w: &mut GgufWriter, name: &str, shape: &[u64], data: &[f32]) -> anyho
     Ok(())
 }
 
-/// `w` (rows × cols) stored transposed (cols rows of `rows`), in a type the sparse axpy reads:
-/// the same type when it is F16, Q8_0 or Q4_0, else F16.
-fn transpose(model: &Model, w: &Weight) -> anyhow::Result<(GgmlType, Vec<u8>)> {
-    let m = model.matrix(w);
-    let mut dense = vec![0f32; w.rows * w.cols];
-    for (r, row) in dense.chunks_exact_mut(w.cols).enumerate() {
-        hotcold_core::cpu::dequantize_row(&m, r, row)?;
+/// Evaluates `tokens` chunk by chunk on the dense FFN with `observer` installed.
+fn trace(loaded: &Loaded, tokens: &[u32], observer: FfnObserver) -> anyhow::Result<()> {
+    let mut session = loaded.session()?;
+    session.set_ffn_mode(FfnMode::Dense)?;
+    session.set_ffn_observer(Some(observer));
+    let bar = progress(tokens.len() as u64, "tracing");
+    for chunk in tokens.chunks(loaded.n_ctx) {
+        session.truncate(0);
+        session.eval(chunk, Logits::Last)?;
+        bar.inc(chunk.len() as u64);
     }
-    let mut t = vec![0f32; w.rows * w.cols];
-    for r in 0..w.rows {
-        for c in 0..w.cols {
-            t[c * w.rows + r] = dense[r * w.cols + c];
-        }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// CATS: per layer, the `sparsity`-quantile of `|act(gate)|` over the text becomes the threshold
+/// below which a neuron is skipped.
+fn calibrate_cats(
+    loaded: &Loaded,
+    tokens: &[u32],
+    sparsity: f64,
+    output: &Path,
+) -> anyhow::Result<()> {
+    let hp = &loaded.model.hp;
+    let act = hp.ffn_act;
+    let stride = (tokens.len() * hp.n_ff).div_ceil(MAX_GATE_SAMPLES).max(1);
+    let magnitudes: Arc<Mutex<Vec<Vec<f32>>>> = Arc::new(Mutex::new(vec![Vec::new(); hp.n_layer]));
+    let sink = magnitudes.clone();
+    trace(
+        loaded,
+        tokens,
+        Box::new(move |t: &FfnTrace| {
+            let gate = t.gate.expect("the dense FFN computes the gate");
+            let mut all = sink.lock().expect("trace lock");
+            all[t.layer].extend(gate.iter().step_by(stride).map(|&g| act.gate(g).abs()));
+        }),
+    )?;
+    let mut magnitudes = Arc::try_unwrap(magnitudes)
+        .map_err(|_| anyhow::anyhow!("trace still shared"))?
+        .into_inner()
+        .expect("trace lock");
+    let thresholds: Vec<f32> = magnitudes
+        .iter_mut()
+        .map(|m| {
+            let k = ((m.len() as f64 * sparsity) as usize).min(m.len() - 1);
+            *m.select_nth_unstable_by(k, f32::total_cmp).1
+        })
+        .collect();
+    for (il, t) in thresholds.iter().enumerate() {
+        eprintln!("layer {il:>3}: |act(gate)| threshold {t:.6}");
     }
-    let ty = match w.ty {
-        GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0
-            if w.rows.is_multiple_of(w.ty.block_size()) =>
-        {
-            w.ty
-        }
-        _ => GgmlType::F16,
-    };
-    let mut bytes = vec![0u8; ty.row_bytes(w.rows as u64)? as usize * w.cols];
-    quant::quantize(ty, &t, &mut bytes)?;
-    Ok((ty, bytes))
+    let mut writer = GgufWriter::from_file(loaded.model.file());
+    writer.set(
+        CATS_THRESHOLDS_KEY,
+        MetaValue::Array(MetaArray::F32(thresholds)),
+    );
+    writer.set(
+        "hotcold.cats.target_sparsity",
+        MetaValue::F32(sparsity as f32),
+    );
+    writer.write_file(output)?;
+    println!(
+        "cats thresholds for target sparsity {sparsity} written to {}",
+        output.display()
+    );
+    Ok(())
 }

@@ -40,6 +40,8 @@ pub enum FfnArg {
     Sparse,
     /// The neurons that really fire (gate dense, the rest sparse).
     Oracle,
+    /// Training-free sparsity: skip neurons whose gate activation is below the calibrated threshold.
+    Cats,
 }
 
 impl From<FfnArg> for FfnMode {
@@ -48,6 +50,7 @@ impl From<FfnArg> for FfnMode {
             FfnArg::Dense => FfnMode::Dense,
             FfnArg::Sparse => FfnMode::Sparse,
             FfnArg::Oracle => FfnMode::Oracle,
+            FfnArg::Cats => FfnMode::Cats,
         }
     }
 }
@@ -152,8 +155,12 @@ impl ModelArgs {
     pub fn load(&self, default: DefaultModel) -> anyhow::Result<Loaded> {
         let start = Instant::now();
         let path = model_arg::resolve(self.model.clone(), default)?;
-        let model =
+        let mut model =
             Model::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
+        if matches!(self.ffn, Some(FfnArg::Cats | FfnArg::Oracle)) {
+            // The sparse axpy needs the down projection neuron-major.
+            model.repack_down_t()?;
+        }
         let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
         let threads = self
             .threads
