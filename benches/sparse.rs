@@ -10,53 +10,14 @@
 //! shortens each measurement; `HOTCOLD_BENCH_SMALL=1` uses 2048 × 5504; `HOTCOLD_BENCH_TOKENS=n`
 //! times a batch of `n` tokens instead of one.
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
+
+use common::{random_f32, time, weights};
 
 use hotcold::cpu::{gather_matmul, matmul, simd_level, sparse_axpy, Matrix};
-use hotcold::quant::{quantize, GgmlType};
-
-/// Deterministic pseudo-random f32s in [-1, 1).
-fn random_f32(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-/// `rows × cols` weights of `ty`: 256 distinct quantised rows repeated.
-fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let base_rows = rows.min(256);
-    let f = random_f32(base_rows * cols, 0x5eed ^ (rows * cols) as u64);
-    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
-    let mut base = vec![0u8; base_rows * rb];
-    quantize(ty, &f, &mut base).unwrap();
-    let mut data = Vec::with_capacity(rows * rb);
-    while data.len() < rows * rb {
-        let take = (rows * rb - data.len()).min(base.len());
-        data.extend_from_slice(&base[..take]);
-    }
-    data
-}
-
-/// Seconds per call of `f`: the best of the calls made within `budget`.
-fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut best = f64::INFINITY;
-    let mut total = 0usize;
-    while start.elapsed() < budget || total < 3 {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed().as_secs_f64());
-        total += 1;
-    }
-    best
-}
+use hotcold::quant::GgmlType;
 
 /// Every `1/frac`-th neuron or so, pseudo-randomly (sorted).
 fn active(n: usize, density: f64, seed: u64) -> Vec<u32> {
