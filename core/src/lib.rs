@@ -10,6 +10,8 @@
 //! - [`predictor`]: train and measure PowerInfer-shape activation predictors from calibration traces.
 //! - [`sample`]: greedy and stochastic token sampling.
 //! - [`tokenizer`]: tokenizers rebuilt from GGUF vocabularies; chat templates.
+//! - [`placement`]: hot/cold neuron placement under a VRAM budget, its cost model, PowerInfer's
+//!   GPU index files.
 //! - [`models`]: locate the default models in the local cache.
 //! - [`synth`]: synthetic ReLU models in PowerInfer's format with power-law activation sparsity.
 
@@ -19,6 +21,7 @@ pub mod error;
 pub mod gguf;
 pub mod model;
 pub mod models;
+pub mod placement;
 pub mod predictor;
 pub mod quant;
 pub mod sample;

@@ -30,6 +30,8 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Write a synthetic ReLU model in PowerInfer's format (power-law sparsity, exact predictors).
     Synth(cmd::synth::Args),
+    /// Place hot neurons and dense tensors on the GPU for a VRAM budget; predict the speed.
+    Plan(cmd::plan::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => cmd::calibrate::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use super::cursor::Cursor;
 use super::value::{check_count, MetaArray, MetaType, MetaValue};
 use super::{Magic, TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
-use crate::quant::GgmlType;
 use crate::{Error, Result};
 
 /// Everything in a GGUF file before the tensor data.
@@ -91,7 +90,7 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
     let mut names = HashMap::with_capacity(tensor_count);
     for i in 0..tensor_count {
         let info_offset = c.pos();
-        let info = read_tensor_info(&mut c, i)?;
+        let info = read_tensor_info(&mut c, i, magic)?;
         if names.insert(info.name.clone(), ()).is_some() {
             return Err(Error::invalid_gguf(
                 info_offset,
@@ -231,7 +230,7 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<MetaArray> {
     })
 }
 
-fn read_tensor_info(c: &mut Cursor, index: usize) -> Result<TensorInfo> {
+fn read_tensor_info(c: &mut Cursor, index: usize, magic: Magic) -> Result<TensorInfo> {
     let name = c.string(|| format!("name of tensor {index}"))?.to_owned();
     let dims_offset = c.pos();
     let n_dims = c.u32(|| format!("dimension count of tensor {name:?}"))?;
@@ -247,10 +246,12 @@ fn read_tensor_info(c: &mut Cursor, index: usize) -> Result<TensorInfo> {
     }
     let type_offset = c.pos();
     let type_id = c.u32(|| format!("type of tensor {name:?}"))?;
-    let ty = GgmlType::from_id(type_id).ok_or_else(|| Error::UnknownGgmlType {
-        id: type_id,
-        tensor: name.clone(),
-    })?;
+    let ty = magic
+        .ggml_type(type_id)
+        .ok_or_else(|| Error::UnknownGgmlType {
+            id: type_id,
+            tensor: name.clone(),
+        })?;
     let offset = c.u64(|| format!("data offset of tensor {name:?}"))?;
     let n_elements = shape
         .iter()

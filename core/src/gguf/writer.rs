@@ -151,7 +151,15 @@ impl<'a> GgufWriter<'a> {
             for d in &t.shape {
                 header.extend_from_slice(&d.to_le_bytes());
             }
-            header.extend_from_slice(&(t.ty as u32).to_le_bytes());
+            let type_id = self.magic.type_id(t.ty).ok_or_else(|| Error::Tensor {
+                tensor: t.name.clone(),
+                message: format!(
+                    "type {} has no id in the {} format",
+                    t.ty,
+                    self.magic.format_name()
+                ),
+            })?;
+            header.extend_from_slice(&type_id.to_le_bytes());
             header.extend_from_slice(&offset.to_le_bytes());
             offset = (offset + t.data.len() as u64).next_multiple_of(alignment);
         }

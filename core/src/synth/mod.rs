@@ -266,6 +266,20 @@ pub fn write(cfg: &SynthConfig, path: &Path) -> Result<SynthReport> {
     Ok(SynthReport { bytes, ..report })
 }
 
+/// The target firing frequency of each of the `n_ff` neurons of layer `il` of a model built with
+/// `seed`, mean `density` (1 − sparsity) and Zipf exponent `zipf_exponent`: what [`build`] gives
+/// that layer, so a planner can use a synthetic file's statistics without calibrating it.
+pub fn target_frequencies(
+    seed: u64,
+    il: usize,
+    n_ff: usize,
+    density: f64,
+    zipf_exponent: f32,
+) -> Vec<f64> {
+    let mut frng = Rng::new(stream(seed, &[il as u64, 0]));
+    layer::zipf_frequencies(&mut frng, n_ff, density, f64::from(zipf_exponent))
+}
+
 /// Builds the model in memory: the writer holding every tensor, and the report (`bytes` is 0
 /// until [`write`] writes the file).
 pub fn build(cfg: &SynthConfig) -> Result<(GgufWriter<'static>, SynthReport)> {
@@ -378,9 +392,7 @@ pub fn build(cfg: &SynthConfig) -> Result<(GgufWriter<'static>, SynthReport)> {
     for il in 0..cfg.n_layer {
         // residual RMS entering this block's FFN: each block adds alpha² of variance
         let sigma = (1.0 + ALPHA * ALPHA).powf(2.0 * il as f32 + 1.0).sqrt();
-        let mut frng = Rng::new(stream(cfg.seed, &[il as u64, 0]));
-        let freq =
-            layer::zipf_frequencies(&mut frng, cfg.n_ff, density, f64::from(cfg.zipf_exponent));
+        let freq = target_frequencies(cfg.seed, il, cfg.n_ff, density, cfg.zipf_exponent);
         let lw = layer::build(&dims, cfg.arch, cfg.seed, il as u64, sigma, &freq);
         add_layer(&mut w, &mut report, cfg, il, &lw)?;
     }

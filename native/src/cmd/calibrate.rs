@@ -12,6 +12,7 @@ use hotcold_core::engine::{FfnMode, FfnObserver, FfnTrace, Logits};
 use hotcold_core::gguf::{GgufWriter, Magic, MetaArray, MetaValue};
 use hotcold_core::model::{CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY};
 use hotcold_core::models::DefaultModel;
+use hotcold_core::placement::FREQUENCY_KEY_PREFIX;
 use hotcold_core::predictor::{evaluate, train, PredictorMetrics, Samples, TrainConfig};
 use hotcold_core::quant::{self, GgmlType};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -52,9 +53,6 @@ pub struct Args {
 
 /// Gate activations kept per layer for the CATS quantiles (a strided subsample beyond this).
 const MAX_GATE_SAMPLES: usize = 1 << 21;
-
-/// Metadata key prefix of the per-neuron activation frequencies (`{prefix}.{layer}`, f32 arrays).
-pub const FREQUENCY_KEY_PREFIX: &str = "hotcold.activation_frequency";
 
 /// Runs `hotcold calibrate`.
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -7,5 +7,7 @@ pub mod common;
 pub mod inspect;
 pub mod model_arg;
 pub mod perplexity;
+pub mod plan;
 pub mod run;
+pub mod size_arg;
 pub mod synth;
