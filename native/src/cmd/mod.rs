@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod batch;
 pub mod bench;
 pub mod calibrate;
 pub mod chat;
@@ -8,4 +9,5 @@ pub mod inspect;
 pub mod model_arg;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod synth;
