@@ -1,6 +1,7 @@
 //! `hotcold`: the command-line front-end of the hotcold inference engine.
 
 mod cmd;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,10 @@ enum Command {
     Run(cmd::run::Args),
     /// Interactive chat with the model's chat template.
     Chat(cmd::chat::Args),
+    /// OpenAI-compatible HTTP server with continuous batching of concurrent requests.
+    Serve(cmd::serve::Args),
+    /// Generate for many prompts at once (continuous batching) and print the aggregate speed.
+    Batch(cmd::batch::Args),
     /// Prompt-processing and decode speed, like llama-bench.
     Bench(cmd::bench::Args),
     /// Perplexity of a text file, llama.cpp's method.
@@ -39,6 +44,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
         Command::Chat(args) => cmd::chat::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Batch(args) => cmd::batch::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Calibrate(args) => cmd::calibrate::run(args),

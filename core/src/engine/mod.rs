@@ -1,13 +1,15 @@
 //! The forward pass over a model on the CPU: embeddings, a loop over blocks of named steps, the
-//! LM head; the KV cache; sessions.
+//! LM head; the KV cache; sessions, and batches of sequences decoded together.
 
 mod attention;
+mod batch;
 mod ffn;
 mod generate;
 mod kv_cache;
 mod perplexity;
 mod session;
 
+pub use batch::{Batch, SeqId, Work};
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
 pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::KvCache;

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use super::attention::{attend, AttentionShape};
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
+use rayon::prelude::*;
+
 use crate::cpu::ops::{self, Rope};
 use crate::cpu::{self, Matrix};
 use crate::model::{LayerWeights, Model};
@@ -24,10 +26,27 @@ const MAX_BATCH: usize = 512;
 
 /// One sequence being evaluated: the KV cache and the number of positions already filled.
 pub struct Session<'m> {
-    model: &'m Model,
+    fwd: Forward<'m>,
     pool: Arc<rayon::ThreadPool>,
     cache: KvCache,
     n_past: usize,
+}
+
+/// One sequence's share of a forward batch: its cache, the positions it already holds, and how
+/// many consecutive rows of the batch (tokens) are its.
+pub(super) struct SeqRows<'c> {
+    /// The sequence's cache.
+    pub cache: &'c mut KvCache,
+    /// Positions the cache already holds.
+    pub n_past: usize,
+    /// Rows of the batch that belong to the sequence.
+    pub n: usize,
+}
+
+/// What the forward pass shares between the sequences it evaluates: the model, the RoPE tables,
+/// the FFN mode, the density counters and the FFN observer.
+pub(super) struct Forward<'m> {
+    model: &'m Model,
     rope_global: Rope,
     rope_swa: Rope,
     ffn_mode: FfnMode,
@@ -38,50 +57,33 @@ pub struct Session<'m> {
 impl<'m> Session<'m> {
     /// A new session of up to `n_ctx` positions, running its kernels on `pool`.
     pub fn new(model: &'m Model, n_ctx: usize, pool: Arc<rayon::ThreadPool>) -> Session<'m> {
-        let hp = &model.hp;
         Session {
-            model,
+            fwd: Forward::new(model),
             pool,
-            cache: KvCache::new(hp, n_ctx),
+            cache: KvCache::new(&model.hp, n_ctx),
             n_past: 0,
-            rope_global: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base, hp.rope_freq_scale),
-            rope_swa: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base_swa, 1.0),
-            ffn_mode: default_ffn_mode(model),
-            density: FfnDensity::new(hp.n_layer, hp.n_ff),
-            observer: None,
         }
     }
 
     /// Installs (or removes) a callback that sees every layer's FFN input and activations.
     pub fn set_ffn_observer(&mut self, observer: Option<FfnObserver>) {
-        self.observer = observer;
+        self.fwd.observer = observer;
     }
 
     /// Chooses how the FFN picks its neurons (default: `Sparse` when every layer has a
     /// predictor, else `Dense`). `Sparse` on a file without predictors is an error.
     pub fn set_ffn_mode(&mut self, mode: FfnMode) -> Result<()> {
-        if mode == FfnMode::Cats && self.model.hp.cats_thresholds.is_none() {
-            return Err(Error::InvalidArgument(
-                super::ffn::CATS_NEEDS_THRESHOLDS.into(),
-            ));
-        }
-        if mode == FfnMode::Sparse && self.model.layers.iter().any(|l| l.predictor.is_none()) {
-            return Err(Error::InvalidArgument(
-                "--ffn sparse needs a predictor (blk.N.fc1/fc2) in every layer; use --ffn oracle or dense".into(),
-            ));
-        }
-        self.ffn_mode = mode;
-        Ok(())
+        self.fwd.set_ffn_mode(mode)
     }
 
     /// The FFN mode in use.
     pub fn ffn_mode(&self) -> FfnMode {
-        self.ffn_mode
+        self.fwd.ffn_mode
     }
 
     /// Neurons computed per token so far, per layer.
     pub fn ffn_density(&self) -> &FfnDensity {
-        &self.density
+        &self.fwd.density
     }
 
     /// Positions already in the cache.
@@ -101,28 +103,23 @@ impl<'m> Session<'m> {
 
     /// Appends `tokens` to the sequence and returns their logits (the last token's, or all).
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
-        }
-        if self.n_past + tokens.len() > self.n_ctx() {
-            return Err(Error::InvalidArgument(format!(
-                "{} tokens after {} already in the context exceed the context size of {} (use a larger -c)",
-                tokens.len(),
-                self.n_past,
-                self.n_ctx()
-            )));
-        }
-        let n_vocab = self.model.hp.n_vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {bad} is outside the vocabulary of {n_vocab}"
-            )));
-        }
+        check_tokens(self.fwd.model, tokens, self.n_past, self.n_ctx())?;
         let pool = self.pool.clone();
         pool.install(|| {
             let mut logits = Vec::new();
             for chunk in tokens.chunks(MAX_BATCH) {
-                let chunk_logits = self.forward(chunk, which)?;
+                let n = chunk.len();
+                let out_rows: Vec<usize> = match which {
+                    Logits::All => (0..n).collect(),
+                    Logits::Last => vec![n - 1],
+                };
+                let mut seq = [SeqRows {
+                    cache: &mut self.cache,
+                    n_past: self.n_past,
+                    n,
+                }];
+                let chunk_logits = self.fwd.forward(chunk, &mut seq, &out_rows)?;
+                self.n_past += n;
                 if which == Logits::All {
                     logits.extend_from_slice(&chunk_logits);
                 } else {
@@ -132,26 +129,107 @@ impl<'m> Session<'m> {
             Ok(logits)
         })
     }
+}
 
-    /// One forward batch: embeddings, every block, the final norm and the LM head.
-    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let hp = &self.model.hp;
-        let n = tokens.len();
-        let mut x = self.embed(tokens)?;
-        for il in 0..hp.n_layer {
-            self.block(il, &mut x, n)?;
+/// Checks that `tokens` are non-empty, in the vocabulary and fit after `n_past` positions of a
+/// context of `n_ctx`.
+pub(super) fn check_tokens(
+    model: &Model,
+    tokens: &[u32],
+    n_past: usize,
+    n_ctx: usize,
+) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::InvalidArgument("no tokens to evaluate".into()));
+    }
+    if n_past + tokens.len() > n_ctx {
+        return Err(Error::InvalidArgument(format!(
+            "{} tokens after {n_past} already in the context exceed the context size of {n_ctx} (use a larger -c)",
+            tokens.len(),
+        )));
+    }
+    let n_vocab = model.hp.n_vocab;
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(Error::InvalidArgument(format!(
+            "token id {bad} is outside the vocabulary of {n_vocab}"
+        )));
+    }
+    Ok(())
+}
+
+impl<'m> Forward<'m> {
+    /// The shared state for `model`, with its default FFN mode.
+    pub(super) fn new(model: &'m Model) -> Forward<'m> {
+        let hp = &model.hp;
+        Forward {
+            model,
+            rope_global: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base, hp.rope_freq_scale),
+            rope_swa: Rope::new(hp.rope_style, hp.n_rot, hp.rope_base_swa, 1.0),
+            ffn_mode: default_ffn_mode(model),
+            density: FfnDensity::new(hp.n_layer, hp.n_ff),
+            observer: None,
         }
-        self.n_past += n;
-        let rows: &[f32] = match which {
-            Logits::All => &x,
-            Logits::Last => &x[(n - 1) * hp.n_embd..],
-        };
-        let mut normed = rows.to_vec();
+    }
+
+    /// See [`Session::set_ffn_mode`].
+    pub(super) fn set_ffn_mode(&mut self, mode: FfnMode) -> Result<()> {
+        if mode == FfnMode::Cats && self.model.hp.cats_thresholds.is_none() {
+            return Err(Error::InvalidArgument(
+                super::ffn::CATS_NEEDS_THRESHOLDS.into(),
+            ));
+        }
+        if mode == FfnMode::Sparse && self.model.layers.iter().any(|l| l.predictor.is_none()) {
+            return Err(Error::InvalidArgument(
+                "--ffn sparse needs a predictor (blk.N.fc1/fc2) in every layer; use --ffn oracle or dense".into(),
+            ));
+        }
+        self.ffn_mode = mode;
+        Ok(())
+    }
+
+    /// The model.
+    pub(super) fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// The FFN mode in use.
+    pub(super) fn ffn_mode(&self) -> FfnMode {
+        self.ffn_mode
+    }
+
+    /// Neurons computed per token so far, per layer.
+    pub(super) fn density(&self) -> &FfnDensity {
+        &self.density
+    }
+
+    /// One forward batch: `tokens` are the rows of `seqs`, one sequence after the other. Runs the
+    /// embeddings and every block (each weight read once for all rows, attention per sequence on
+    /// its own cache), then the final norm and the LM head on the rows `out_rows`, whose logits it
+    /// returns (`out_rows.len() × n_vocab`). The caller advances each sequence's `n_past`.
+    pub(super) fn forward(
+        &mut self,
+        tokens: &[u32],
+        seqs: &mut [SeqRows],
+        out_rows: &[usize],
+    ) -> Result<Vec<f32>> {
+        let mut x = self.embed(tokens)?;
+        for il in 0..self.model.hp.n_layer {
+            self.block(il, &mut x, seqs)?;
+        }
+        self.logits(&x, out_rows)
+    }
+
+    /// The final norm and the LM head on the rows `out_rows` of the residual stream `x`.
+    fn logits(&self, x: &[f32], out_rows: &[usize]) -> Result<Vec<f32>> {
+        let hp = &self.model.hp;
+        let mut normed = Vec::with_capacity(out_rows.len() * hp.n_embd);
+        for &r in out_rows {
+            normed.extend_from_slice(&x[r * hp.n_embd..(r + 1) * hp.n_embd]);
+        }
         for row in normed.chunks_exact_mut(hp.n_embd) {
             ops::rms_norm(row, &self.model.output_norm, hp.rms_eps);
         }
-        let n_out = normed.len() / hp.n_embd;
-        let mut logits = self.matmul(&self.model.output, &normed, n_out)?;
+        let mut logits = self.matmul(&self.model.output, &normed, out_rows.len())?;
         if let Some(cap) = hp.final_logit_softcap {
             logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
         }
@@ -171,10 +249,11 @@ impl<'m> Session<'m> {
         Ok(x)
     }
 
-    /// One transformer block on the residual stream `x` (`n` rows).
-    fn block(&mut self, il: usize, x: &mut [f32], n: usize) -> Result<()> {
+    /// One transformer block on the residual stream `x` (the rows of `seqs`).
+    fn block(&mut self, il: usize, x: &mut [f32], seqs: &mut [SeqRows]) -> Result<()> {
         let layer = &self.model.layers[il];
-        let attn = self.self_attention(il, layer, x, n)?;
+        let n = x.len() / self.model.hp.n_embd;
+        let attn = self.self_attention(il, layer, x, seqs)?;
         residual_add(
             x,
             attn,
@@ -206,9 +285,10 @@ impl<'m> Session<'m> {
         il: usize,
         layer: &LayerWeights,
         x: &[f32],
-        n: usize,
+        seqs: &mut [SeqRows],
     ) -> Result<Vec<f32>> {
         let hp = &self.model.hp;
+        let n = x.len() / hp.n_embd;
         let h = self.norm_rows(x, &layer.attn_norm);
         // The three projections run as one parallel region (nested rayon tasks), so the workers
         // synchronise once instead of three times.
@@ -236,9 +316,10 @@ impl<'m> Session<'m> {
         } else {
             &self.rope_global
         };
+        let positions = seqs.iter().flat_map(|s| s.n_past..s.n_past + s.n);
         let mut angles = Vec::new();
-        for t in 0..n {
-            rope.angles(self.n_past + t, &mut angles);
+        for (t, pos) in positions.enumerate() {
+            rope.angles(pos, &mut angles);
             rope.apply(
                 &mut q[t * hp.q_width()..(t + 1) * hp.q_width()],
                 hp.head_dim,
@@ -250,7 +331,16 @@ impl<'m> Session<'m> {
                 &angles,
             );
         }
-        self.cache.store(il, self.n_past, &k, &v);
+        let mut t = 0;
+        for seq in seqs.iter_mut() {
+            seq.cache.store(
+                il,
+                seq.n_past,
+                &k[t * hp.k_width()..(t + seq.n) * hp.k_width()],
+                &v[t * hp.v_width()..(t + seq.n) * hp.v_width()],
+            );
+            t += seq.n;
+        }
         let shape = AttentionShape {
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
@@ -259,8 +349,20 @@ impl<'m> Session<'m> {
             scale: hp.attn_scale,
             window: hp.sliding_window.filter(|_| swa),
         };
-        let mut out = vec![0f32; n * hp.n_head * hp.head_dim_v];
-        attend(&self.cache, il, &shape, &q, self.n_past, &mut out);
+        let out_width = hp.n_head * hp.head_dim_v;
+        let mut out = vec![0f32; n * out_width];
+        // Each sequence attends over its own cache; the sequences run in parallel.
+        let mut jobs = Vec::with_capacity(seqs.len());
+        let (mut q_rest, mut out_rest) = (&q[..], &mut out[..]);
+        for seq in seqs.iter() {
+            let (q_seq, q_tail) = q_rest.split_at(seq.n * hp.q_width());
+            let (out_seq, out_tail) = out_rest.split_at_mut(seq.n * out_width);
+            jobs.push((&*seq.cache, seq.n_past, q_seq, out_seq));
+            (q_rest, out_rest) = (q_tail, out_tail);
+        }
+        jobs.into_par_iter().for_each(|(cache, n_past, q, out)| {
+            attend(cache, il, &shape, q, n_past, out);
+        });
         self.matmul(&layer.wo, &out, n)
     }
 

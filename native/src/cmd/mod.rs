@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod batch;
 pub mod bench;
 pub mod calibrate;
 pub mod chat;
@@ -9,5 +10,6 @@ pub mod model_arg;
 pub mod perplexity;
 pub mod plan;
 pub mod run;
+pub mod serve;
 pub mod size_arg;
 pub mod synth;
