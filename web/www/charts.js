@@ -37,8 +37,8 @@ function heat(f) {
 }
 
 /**
- * One row per layer, neurons sorted hottest first and averaged into the canvas' columns; a white
- * mark at each layer's hot/cold boundary (`hot[l]` neurons).
+ * One row per layer, neurons sorted hottest first and averaged into the canvas' columns; a
+ * cyan mark at each layer's hot/cold boundary (`hot[l]` neurons).
  */
 export function drawHeatmap(canvas, freqs, nLayer, nFf, hot) {
   const g = canvas.getContext('2d');
@@ -63,7 +63,7 @@ export function drawHeatmap(canvas, freqs, nLayer, nFf, hot) {
   }
   g.putImageData(img, 0, 0);
   if (!hot) return;
-  g.fillStyle = '#fff';
+  g.fillStyle = '#0cf';
   for (let l = 0; l < nLayer; l++) {
     const x = Math.round((hot[l] / nFf) * w);
     g.fillRect(Math.min(w - 2, x), Math.floor(l * rowH), 2, Math.max(1, Math.floor(rowH)));

@@ -6,16 +6,17 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-/// Serves the files under `root` on an ephemeral port of 127.0.0.1 until the process ends;
-/// returns the port.
-pub fn serve_dir(root: PathBuf) -> u16 {
+/// Serves the files under `root`, and each `(url path, file)` of `extra`, on an ephemeral port of
+/// 127.0.0.1 until the process ends; returns the port.
+pub fn serve_dir(root: PathBuf, extra: Vec<(String, PathBuf)>) -> u16 {
+    let extra = std::sync::Arc::new(extra);
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a local port");
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let root = root.clone();
+            let (root, extra) = (root.clone(), extra.clone());
             std::thread::spawn(move || {
-                let _ = serve_one(&root, stream);
+                let _ = serve_one(&root, &extra, stream);
             });
         }
     });
@@ -33,7 +34,11 @@ fn content_type(path: &Path) -> &'static str {
     }
 }
 
-fn serve_one(root: &Path, mut stream: TcpStream) -> std::io::Result<()> {
+fn serve_one(
+    root: &Path,
+    extra: &[(String, PathBuf)],
+    mut stream: TcpStream,
+) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
@@ -54,7 +59,10 @@ fn serve_one(root: &Path, mut stream: TcpStream) -> std::io::Result<()> {
     let safe = relative
         .components()
         .all(|c| matches!(c, Component::Normal(_)));
-    let file = root.join(relative);
+    let file = extra
+        .iter()
+        .find(|(url, _)| url == path)
+        .map_or_else(|| root.join(relative), |(_, file)| file.clone());
     match std::fs::read(&file) {
         Ok(body) if safe => {
             write!(
