@@ -55,8 +55,8 @@ impl Engine {
     /// Loads a GGUF or PowerInfer file from its bytes, with a context of `n_ctx` tokens (0: the
     /// model's own, at most 2048).
     #[wasm_bindgen(constructor)]
-    pub fn new(bytes: Vec<u8>, n_ctx: u32) -> Result<Engine, JsError> {
-        let runner = Runner::load(bytes, n_ctx as usize).map_err(js_error)?;
+    pub fn new(bytes: &js_sys::Uint8Array, n_ctx: u32) -> Result<Engine, JsError> {
+        let runner = Runner::load(copy_in(bytes), n_ctx as usize).map_err(js_error)?;
         Ok(Engine { runner })
     }
 
@@ -130,6 +130,17 @@ impl Engine {
     pub fn firing_frequencies(&self) -> Vec<f32> {
         self.runner.firing_frequencies()
     }
+}
+
+/// Copies a JavaScript byte array into wasm memory once, straight into the shared buffer the
+/// GGUF reader keeps (a `Vec` first would briefly need the file's size twice).
+fn copy_in(bytes: &js_sys::Uint8Array) -> std::sync::Arc<[u8]> {
+    let mut buffer: std::sync::Arc<[u8]> =
+        std::iter::repeat_n(0u8, bytes.length() as usize).collect();
+    if let Some(slice) = std::sync::Arc::get_mut(&mut buffer) {
+        bytes.copy_to(slice);
+    }
+    buffer
 }
 
 fn js_error(e: hotcold_core::Error) -> JsError {

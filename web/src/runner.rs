@@ -105,8 +105,9 @@ pub struct Runner {
 impl Runner {
     /// Parses a GGUF (or PowerInfer) file from `bytes` and loads its weights and tokenizer, with
     /// a context of `n_ctx` tokens (0: the model's training context, at most [`DEFAULT_N_CTX`]).
-    pub fn load(bytes: Vec<u8>, n_ctx: usize) -> Result<Runner> {
+    pub fn load(bytes: impl Into<Arc<[u8]>>, n_ctx: usize) -> Result<Runner> {
         let start = Instant::now();
+        let bytes = bytes.into();
         let file_bytes = bytes.len() as u64;
         let file = Arc::new(GgufFile::from_bytes(bytes)?);
         let pool = crate::pool::shared_pool()?;
