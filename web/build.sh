@@ -24,11 +24,10 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=+simd128" \
 wasm-bindgen --target web --no-typescript --out-dir "$www/pkg" \
     target/wasm32-unknown-unknown/release/hotcold_web.wasm
 
+# The test profile shares its build with `cargo test` (scripts/test.sh runs both).
 mkdir -p "$www/models"
-if [ ! -f "$www/models/tiny.gguf" ]; then
-    cargo run -p hotcold-native --release --locked --quiet -- \
-        synth --preset tiny -o "$www/models/tiny.gguf" >&2
-fi
+cargo run -p hotcold-native --profile test --locked --quiet -- \
+    synth --preset tiny -o "$www/models/tiny.gguf" >&2
 
 wasm_bytes=$(stat -c %s "$www/pkg/hotcold_web_bg.wasm")
 echo "wasm: $www/pkg/hotcold_web_bg.wasm, $((wasm_bytes / 1024)) KiB"

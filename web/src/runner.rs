@@ -111,8 +111,13 @@ impl Runner {
         let file_bytes = bytes.len() as u64;
         let file = Arc::new(GgufFile::from_bytes(bytes)?);
         let pool = crate::pool::shared_pool()?;
-        let model = pool.install(|| Model::from_file(file))?;
-        let tokenizer = Tokenizer::from_gguf(model.file())?;
+        // Everything runs inside the pool: on wasm32 a rayon call outside it would try to start
+        // the global pool, which cannot take the thread this one already owns.
+        let (model, tokenizer) = pool.install(|| {
+            let model = Model::from_file(file)?;
+            let tokenizer = Tokenizer::from_gguf(model.file())?;
+            Ok::<_, Error>((model, tokenizer))
+        })?;
         let hp = &model.hp;
         let n_ctx = if n_ctx == 0 {
             hp.n_ctx_train.min(DEFAULT_N_CTX)

@@ -2,5 +2,7 @@
 //! session over it.
 #![allow(dead_code)]
 
+/// Static file server and JSON HTTP client.
 pub mod http;
+/// chromedriver and a browser session.
 pub mod webdriver;
