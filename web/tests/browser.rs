@@ -144,4 +144,36 @@ fn page_generates_the_native_greedy_text() {
     let browser = Browser::start(&chromedriver, &chromium);
     check_page(&browser, port, "models/tiny.gguf", &tiny, 48);
     check_page(&browser, port, "cache/gemma.gguf", &gemma, 8);
+    check_stop_button(&browser, &gemma);
+}
+
+/// On the loaded page: a longer generation, stopped with the Stop button once text has appeared,
+/// ends between tokens with a prefix of the native text.
+fn check_stop_button(browser: &Browser, model_path: &Path) {
+    let n_tokens = 64;
+    let want = native_greedy_text(model_path, n_tokens);
+    browser.eval(&format!(
+        "document.getElementById('max-tokens').value = '{n_tokens}'; \
+         document.getElementById('run').click();"
+    ));
+    browser.wait_for(
+        "return document.getElementById('output').textContent.length > 0 ? true : null;",
+        Duration::from_secs(30),
+    );
+    browser.eval("document.getElementById('stop').click();");
+    browser.wait_for(
+        "const s = document.body.dataset.state; return s === 'done' || s === 'error' ? s : null;",
+        Duration::from_secs(30),
+    );
+    let data = browser.eval(
+        "return {out: document.getElementById('output').textContent, stop: document.body.dataset.stop, \
+         error: document.body.dataset.error || ''};",
+    );
+    assert_eq!(data["stop"], "Callback", "{data}");
+    let out = data["out"].as_str().unwrap();
+    assert!(
+        !out.is_empty() && want.starts_with(out) && out.len() < want.len(),
+        "{out:?} vs {want:?}"
+    );
+    eprintln!("stopped after {out:?}");
 }
