@@ -10,4 +10,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p hotcold-core -p hotcold-web --target wasm32-unknown-unknown --locked -- -D warnings
 # The browser demo (wasm module and tiny model) for web/tests/browser.rs.
 bash web/build.sh
+node --test web/tests/js/
 cargo test --workspace --locked

@@ -1,8 +1,8 @@
 // Hot/cold split of FFN neurons for a VRAM budget, computed here from the firing frequencies
-// until hotcold-core's placement module is available to the page: the hottest neurons of the
-// whole model go to the GPU, in order of firing frequency, while their weights fit the budget.
-// Greedy by frequency is what PowerInfer's placement reduces to when every neuron of a layer costs
-// the same bytes and the objective is the expected number of GPU-served activations.
+// until hotcold-core's placement module is available to the page. Objective: the expected number
+// of firing neurons served by the GPU. Neurons go to the GPU in order of firing frequency per byte
+// (the greedy knapsack order), each one that still fits the budget; within a layer every neuron
+// costs the same, so a layer's hot set is always its hottest neurons.
 
 /**
  * @param {Float32Array} freqs n_layer × n_ff firing frequencies
@@ -15,13 +15,14 @@
  */
 export function hotColdSplit(freqs, nLayer, nFf, neuronBytes, budget) {
   const order = Array.from({ length: nLayer * nFf }, (_, i) => i);
-  order.sort((a, b) => freqs[b] - freqs[a] || a - b);
+  const value = (i) => freqs[i] / neuronBytes[Math.floor(i / nFf)];
+  order.sort((a, b) => value(b) - value(a) || a - b);
   const hot = new Array(nLayer).fill(0);
   const hotMass = new Array(nLayer).fill(0);
   let bytes = 0;
   for (const i of order) {
     const layer = Math.floor(i / nFf);
-    if (bytes + neuronBytes[layer] > budget) break;
+    if (bytes + neuronBytes[layer] > budget) continue;
     bytes += neuronBytes[layer];
     hot[layer] += 1;
     hotMass[layer] += freqs[i];
