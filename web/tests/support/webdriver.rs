@@ -25,10 +25,21 @@ pub const CHROMIUM_FLAGS: [&str; 10] = [
 
 /// A running chromedriver with one browser session; both end on drop.
 pub struct Browser {
-    driver: Child,
+    // Dropped after the session is deleted (see `Drop for Browser`).
+    driver: Driver,
     port: u16,
     session: String,
     _profile: TempDir,
+}
+
+/// The chromedriver child, killed on drop (also when the session fails to start).
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A directory removed on drop.
@@ -44,12 +55,14 @@ impl Browser {
     /// Starts `chromedriver` and a Chromium session on `chromium` with [`CHROMIUM_FLAGS`].
     pub fn start(chromedriver: &str, chromium: &str) -> Browser {
         let port = free_port();
-        let driver = Command::new(chromedriver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
+        let driver = Driver(
+            Command::new(chromedriver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start chromedriver"),
+        );
         let deadline = Instant::now() + Duration::from_secs(15);
         while !matches!(request(port, "GET", "/status", None), Ok((200, _))) {
             assert!(Instant::now() < deadline, "chromedriver did not start");
@@ -126,8 +139,6 @@ impl Drop for Browser {
             &format!("/session/{}", self.session),
             None,
         );
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
     }
 }
 
