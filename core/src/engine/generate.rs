@@ -1,10 +1,10 @@
 //! Text generation: evaluate a prompt, then sample, stream and stop, with timings.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use super::session::{Logits, Session};
 use crate::sample::Sampler;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
 /// Limits of one generation.
@@ -58,6 +58,125 @@ impl GenerationStats {
     }
 }
 
+/// What one [`Generator::step`] produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The token sampled (`None` when the generation had already stopped or `max_tokens` is 0).
+    pub token: Option<u32>,
+    /// The complete UTF-8 text this step adds (may be empty while a character is incomplete; on
+    /// the last step it includes whatever the decoder still held).
+    pub text: String,
+    /// Set on the last step: why the generation stopped.
+    pub stop: Option<StopReason>,
+}
+
+/// Generation one token at a time, for front-ends that stream and may stop between tokens (the
+/// browser page): [`Generator::new`] evaluates the prompt, each [`Generator::step`] samples one
+/// token (evaluating the previous one first). The session and sampler are passed to every call so
+/// that the caller keeps owning them.
+pub struct Generator<'t> {
+    tokenizer: &'t Tokenizer,
+    decoder: StreamDecoder<'t>,
+    opts: GenerateOptions,
+    logits: Vec<f32>,
+    /// The last token sampled, not yet evaluated (evaluated at the start of the next step, so that
+    /// a caller stopping after a step never pays for an evaluation it does not use).
+    pending: Option<u32>,
+    tokens: Vec<u32>,
+    stop: Option<StopReason>,
+}
+
+impl<'t> Generator<'t> {
+    /// Appends `prompt` to the session (the sampler sees its tokens) and evaluates it.
+    pub fn new(
+        session: &mut Session,
+        tokenizer: &'t Tokenizer,
+        sampler: &mut Sampler,
+        prompt: &[u32],
+        opts: GenerateOptions,
+    ) -> Result<Generator<'t>> {
+        for &t in prompt {
+            sampler.accept(t);
+        }
+        let logits = session.eval(prompt, Logits::Last)?;
+        Ok(Generator {
+            tokenizer,
+            decoder: tokenizer.stream_decoder(false),
+            opts,
+            logits,
+            pending: None,
+            tokens: Vec::new(),
+            stop: None,
+        })
+    }
+
+    /// Samples the next token and decodes it; once [`Step::stop`] has been returned, every later
+    /// call returns it again without sampling.
+    pub fn step(&mut self, session: &mut Session, sampler: &mut Sampler) -> Result<Step> {
+        if let Some(stop) = self.stop {
+            return Ok(Step {
+                token: None,
+                text: String::new(),
+                stop: Some(stop),
+            });
+        }
+        if let Some(prev) = self.pending.take() {
+            self.logits = session.eval(&[prev], Logits::Last)?;
+        }
+        if self.tokens.len() >= self.opts.max_tokens {
+            return Ok(self.finish_with(None, String::new(), StopReason::MaxTokens));
+        }
+        let next = sampler.sample(&self.logits);
+        self.tokens.push(next);
+        if !self.opts.ignore_eos && self.tokenizer.is_eog(next) {
+            return Ok(self.finish_with(Some(next), String::new(), StopReason::EndOfGeneration));
+        }
+        let text = self.decoder.push(next);
+        if self.tokens.len() >= self.opts.max_tokens {
+            return Ok(self.finish_with(Some(next), text, StopReason::MaxTokens));
+        }
+        if session.n_past() >= session.n_ctx() {
+            return Ok(self.finish_with(Some(next), text, StopReason::ContextFull));
+        }
+        self.pending = Some(next);
+        Ok(Step {
+            token: Some(next),
+            text,
+            stop: None,
+        })
+    }
+
+    /// Stops the generation (the caller asked to) and returns what the decoder still held.
+    pub fn cancel(&mut self) -> String {
+        if self.stop.is_some() {
+            return String::new();
+        }
+        self.stop = Some(StopReason::Callback);
+        self.pending = None;
+        self.decoder.finish()
+    }
+
+    /// Why the generation stopped, once it has.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop
+    }
+
+    /// The tokens sampled so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn finish_with(&mut self, token: Option<u32>, mut text: String, stop: StopReason) -> Step {
+        self.stop = Some(stop);
+        text.push_str(&self.decoder.finish());
+        Step {
+            token,
+            text,
+            stop: Some(stop),
+        }
+    }
+}
+
 /// Appends `prompt` to the session, then samples up to `opts.max_tokens` tokens, handing each
 /// complete piece of UTF-8 text to `on_text` (which returns `false` to stop).
 pub fn generate(
@@ -69,45 +188,28 @@ pub fn generate(
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats> {
     let start = Instant::now();
-    for &t in prompt {
-        sampler.accept(t);
-    }
-    let mut logits = session.eval(prompt, Logits::Last)?;
+    let mut generator = Generator::new(session, tokenizer, sampler, prompt, opts)?;
     let prompt_secs = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    let mut decoder = tokenizer.stream_decoder(false);
-    let mut tokens = Vec::new();
     let stop = loop {
-        if tokens.len() >= opts.max_tokens {
-            break StopReason::MaxTokens;
-        }
-        let next = sampler.sample(&logits);
-        tokens.push(next);
-        if !opts.ignore_eos && tokenizer.is_eog(next) {
-            break StopReason::EndOfGeneration;
-        }
-        let text = decoder.push(next);
-        if !text.is_empty() && !on_text(&text) {
+        let step = generator.step(session, sampler)?;
+        if !step.text.is_empty() && !on_text(&step.text) {
+            let rest = generator.cancel();
+            if !rest.is_empty() {
+                on_text(&rest);
+            }
             break StopReason::Callback;
         }
-        if tokens.len() >= opts.max_tokens {
-            break StopReason::MaxTokens;
+        if let Some(stop) = step.stop {
+            break stop;
         }
-        if session.n_past() >= session.n_ctx() {
-            break StopReason::ContextFull;
-        }
-        logits = session.eval(&[next], Logits::Last)?;
     };
-    let rest = decoder.finish();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
     Ok(GenerationStats {
         prompt_tokens: prompt.len(),
         prompt_secs,
-        generated_tokens: tokens.len(),
+        generated_tokens: generator.tokens().len(),
         decode_secs: start.elapsed().as_secs_f64(),
         stop,
-        tokens,
+        tokens: generator.tokens().to_vec(),
     })
 }

@@ -11,7 +11,7 @@ mod session;
 
 pub use batch::{Batch, SeqId, Work};
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
-pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
+pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, StopReason};
 pub use kv_cache::KvCache;
 pub use perplexity::{perplexity, ChunkScore};
 pub use session::{Logits, Session};

@@ -328,9 +328,9 @@ fn sparse_thresholds(file: &GgufFile, n_layer: usize) -> Result<Vec<f32>> {
 }
 
 fn to_usize(key: &str, v: u64) -> Result<usize> {
-    usize::try_from(v)
-        .ok()
-        .filter(|&v| v < (1 << 32))
+    Some(v)
+        .filter(|&v| v < (1u64 << 32))
+        .and_then(|v| usize::try_from(v).ok())
         .ok_or_else(|| Error::Metadata {
             key: key.into(),
             message: format!("value {v} is out of range"),
