@@ -90,10 +90,10 @@ fn plans_budgets_from_zero_to_everything() {
     assert_eq!(number_after(&all, "on GPU: "), weights as f64, "{all}");
     assert!(layers(&all).iter().all(|&(h, n, s)| h == n && s == 1.0));
 
-    // 256 KiB holds part of the FFN: the hot neurons serve more than their share of firings
-    let some = plan(&["-m", m, "--vram-budget", "256KiB"]);
+    // 900 KiB holds the dense tensors and part of the FFN: the hot neurons serve more than their share of firings
+    let some = plan(&["-m", m, "--vram-budget", "900KiB"]);
     let on_gpu = number_after(&some, "on GPU: ");
-    assert!(on_gpu > 0.0 && on_gpu <= 256.0 * 1024.0, "{some}");
+    assert!(on_gpu > 0.0 && on_gpu <= 900.0 * 1024.0, "{some}");
     let layers = layers(&some);
     assert_eq!(layers.len(), 2);
     for &(h, n, s) in &layers {

@@ -54,7 +54,7 @@ mod problem;
 mod solve;
 pub mod stats;
 
-pub use problem::{GlobalTensor, Layer, Problem};
+pub use problem::{frequency_sum, GlobalTensor, Layer, Problem};
 pub use solve::{solve, Plan};
 pub use stats::FREQUENCY_KEY_PREFIX;
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::problem::{frequency_sum, Problem};
+use super::problem::{frequency_sum, sum, Problem};
 use crate::Result;
 
 /// An optimal placement.
@@ -30,10 +30,7 @@ impl Plan {
             .zip(&self.hot)
             .map(|(l, hot)| {
                 let all = frequency_sum(l);
-                let on_gpu: f64 = hot
-                    .iter()
-                    .map(|&i| f64::from(l.frequencies[i as usize]))
-                    .sum();
+                let on_gpu = sum(hot.iter().map(|&i| f64::from(l.frequencies[i as usize])));
                 if all > 0.0 {
                     on_gpu / all
                 } else {
@@ -41,6 +38,21 @@ impl Plan {
                 }
             })
             .collect()
+    }
+
+    /// The expected share of all activated neurons (every layer) that are on the GPU.
+    pub fn gpu_share(&self, problem: &Problem) -> f64 {
+        let fired = sum(problem.layers.iter().map(frequency_sum));
+        let served = sum(problem
+            .layers
+            .iter()
+            .zip(self.layer_gpu_share(problem))
+            .map(|(l, s)| s * frequency_sum(l)));
+        if fired > 0.0 {
+            served / fired
+        } else {
+            0.0
+        }
     }
 
     /// Bytes of FFN neurons on the GPU.

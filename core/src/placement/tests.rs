@@ -1,6 +1,6 @@
 use super::cost::{predict, Devices};
 use super::gpuidx::GpuIndex;
-use super::known::{predict_setup, setups, KNOWN_DENSITY, KNOWN_ZIPF_EXPONENT};
+use super::known::{predict_setup, setups};
 use super::*;
 use crate::gguf::GgufFile;
 use crate::synth::rng::Rng;
@@ -223,14 +223,11 @@ fn cost_model_orders_plans_by_bandwidth() {
 fn falcon_40b_plans_fast_and_beats_dense() {
     let setup = &setups()[0];
     assert_eq!(setup.model.n_layer * setup.model.n_ff, 60 * 32768);
-    let p = setup
-        .model
-        .problem(KNOWN_DENSITY, KNOWN_ZIPF_EXPONENT, setup.budget)
-        .unwrap();
+    let p = setup.problem().unwrap();
     let plan = solve(&p).unwrap();
     check_plan(&p, &plan);
     assert!(plan.gpu_bytes <= setup.budget && plan.gpu_bytes > setup.budget * 9 / 10);
-    let r = predict_setup(setup).unwrap();
+    let r = predict_setup(setup, &p, &plan).unwrap();
     assert!(r.sparse.tokens_per_second > r.dense.tokens_per_second);
     assert!(r.gpu_share > 0.5 && r.gpu_share < 1.0, "{}", r.gpu_share);
 }
