@@ -8,4 +8,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The core crate also serves the browser: keep it building (and lint-clean) for wasm32.
 cargo clippy -p hotcold-core --target wasm32-unknown-unknown --locked -- -D warnings
+# Windows and macOS on Apple M: the core and the CLI must build there (checked, not linked).
+for target in x86_64-pc-windows-gnu aarch64-apple-darwin; do
+    cargo check -p hotcold-core -p hotcold-native --target "$target" --locked
+done
 cargo test --workspace --locked

@@ -181,3 +181,63 @@ fn known_setups_print_predictions_next_to_published_figures() {
         .unwrap();
     assert!(speedup > 1.0, "{falcon}");
 }
+
+/// Calibrated statistics (`--stats`) pick nearly the same hot neurons as synth's targets.
+#[test]
+fn calibrated_statistics_agree_with_synth_targets() {
+    let dir = tempdir("stats");
+    let model = tiny(&dir);
+    let m = model.to_str().unwrap();
+    let calibrated = dir.join("cal.gguf");
+    let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/text/declaration.txt");
+    let out = hotcold(&[
+        "calibrate",
+        "-m",
+        m,
+        "-f",
+        text.to_str().unwrap(),
+        "-o",
+        calibrated.to_str().unwrap(),
+        "-c",
+        "256",
+        "--epochs",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (by_synth, by_cal) = (dir.join("synth.gpuidx"), dir.join("cal.gpuidx"));
+    let synth_out = plan(&[
+        "-m",
+        m,
+        "--vram-budget",
+        "900KiB",
+        "--write-gpuidx",
+        by_synth.to_str().unwrap(),
+    ]);
+    let cal_out = plan(&[
+        "-m",
+        m,
+        "--vram-budget",
+        "900KiB",
+        "--stats",
+        calibrated.to_str().unwrap(),
+        "--write-gpuidx",
+        by_cal.to_str().unwrap(),
+    ]);
+    assert!(
+        cal_out.contains("statistics: measured by calibrate"),
+        "{cal_out}"
+    );
+    assert!(synth_out.contains("statistics: synth's targets"));
+    let read = |p: &Path| GpuIndex::read(&GgufFile::open(p).unwrap()).unwrap();
+    let (a, b) = (read(&by_synth), read(&by_cal));
+    for (il, (x, y)) in a.hot.iter().zip(&b.hot).enumerate() {
+        let common = x.iter().filter(|i| y.binary_search(i).is_ok()).count();
+        let overlap = common as f64 / x.len().max(y.len()).max(1) as f64;
+        assert!(overlap > 0.7, "layer {il}: hot sets overlap {overlap:.2}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use rayon::slice::ParallelSliceMut;
+
 use super::problem::{frequency_sum, sum, Problem};
 use crate::Result;
 
@@ -112,7 +114,7 @@ fn cost_classes(problem: &Problem) -> Vec<CostClass> {
                     (u64::from(!bits) << 32) | (base + i as u64)
                 }));
             }
-            keys.sort_unstable();
+            keys.par_sort_unstable();
             let mut order = Vec::with_capacity(keys.len());
             let mut prefix = Vec::with_capacity(keys.len() + 1);
             let mut acc = 0.0f64;

@@ -300,3 +300,51 @@ fn gpuidx_rejects_inconsistent_files() {
     let e = GpuIndex::read(&file).unwrap_err().to_string();
     assert!(e.contains("does not list"), "{e}");
 }
+
+/// Sizes come from the tensor table: per-layer neuron bytes follow each layer's types, and a tied
+/// embedding (no `output.weight`) is read whole every token.
+#[test]
+fn problem_from_gguf_sizes_neurons_by_type() {
+    use crate::quant::GgmlType;
+    let (e, ff) = (32u64, 4u64);
+    let mut w = crate::gguf::GgufWriter::new(crate::gguf::Magic::Gguf);
+    let mut add = |name: &str, ty: GgmlType, shape: &[u64]| {
+        let rows: u64 = shape[1..].iter().product();
+        let n = (ty.row_bytes(shape[0]).unwrap() * rows) as usize;
+        w.add_tensor(name, ty, shape, vec![0u8; n]).unwrap();
+    };
+    add("token_embd.weight", GgmlType::Q8_0, &[e, 10]);
+    for (il, ty) in [(0, GgmlType::F16), (1, GgmlType::Q4_0)] {
+        add(&format!("blk.{il}.attn_q.weight"), ty, &[e, e]);
+        add(&format!("blk.{il}.attn_norm.weight"), GgmlType::F32, &[e]);
+        add(&format!("blk.{il}.ffn_gate.weight"), ty, &[e, ff]);
+        add(&format!("blk.{il}.ffn_up.weight"), ty, &[e, ff]);
+        add(
+            &format!("blk.{il}.ffn_down_t.weight"),
+            GgmlType::Q8_0,
+            &[e, ff],
+        );
+    }
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let freqs = vec![vec![0.5; ff as usize]; 2];
+    let p = Problem::from_gguf(&file, freqs, 1000).unwrap();
+    assert_eq!(p.layers[0].neuron_bytes, 2 * 64 + 34);
+    assert_eq!(p.layers[1].neuron_bytes, 2 * 18 + 34);
+    assert_eq!(p.layers[0].dense_bytes, 32 * 64 + 128);
+    assert_eq!(p.layers[1].dense_bytes, 32 * 18 + 128);
+    assert_eq!(p.globals.len(), 1);
+    assert_eq!(p.globals[0].bytes, 10 * 34);
+    assert_eq!(
+        p.globals[0].read_bytes,
+        10 * 34,
+        "tied: the LM head reads it all"
+    );
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    assert_eq!(p.total_bytes(), total);
+    // wrong statistics shape
+    let e = Problem::from_gguf(&file, vec![vec![0.5; 3]; 2], 0).unwrap_err();
+    assert!(
+        e.to_string().contains("3 activation frequencies for 4"),
+        "{e}"
+    );
+}
