@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use rayon::slice::ParallelSliceMut;
 
 use super::problem::{frequency_sum, sum, Problem};
-use crate::Result;
+use crate::{Error, Result};
+
+/// Most objective evaluations [`solve`] performs before refusing (seconds of work).
+const MAX_EVALUATIONS: f64 = 4e9;
 
 /// An optimal placement.
 #[derive(Clone, Debug, PartialEq)]
@@ -186,6 +189,19 @@ pub fn solve(problem: &Problem) -> Result<Plan> {
         suffix[m] = suffix[m - 1] + problem.layers[n_layer - m].dense_bytes;
     }
     let n_globals = problem.globals.len();
+    let choices = (n_layer as f64 + 1.0) * f64::from(1u32 << n_globals);
+    let per_choice: f64 = classes[..classes.len().saturating_sub(1)]
+        .iter()
+        .map(|c| c.order.len() as f64 + 1.0)
+        .product();
+    if choices * per_choice > MAX_EVALUATIONS {
+        return Err(Error::InvalidArgument(format!(
+            "{} neuron-cost classes (layers whose FFN types differ) make an exact plan take \
+             {:.1e} evaluations, over the limit of {MAX_EVALUATIONS:.0e}",
+            classes.len(),
+            choices * per_choice
+        )));
+    }
     // (value, dense bytes, globals mask, m, neuron budget)
     let mut best: Option<(f64, u64, u32, usize, u64)> = None;
     for mask in 0..(1u32 << n_globals) {

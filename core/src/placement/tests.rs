@@ -348,3 +348,19 @@ fn problem_from_gguf_sizes_neurons_by_type() {
         "{e}"
     );
 }
+
+#[test]
+fn too_many_cost_classes_are_refused_not_hung() {
+    let layer = |neuron_bytes| Layer {
+        neuron_bytes,
+        frequencies: vec![0.5; 100_000],
+        dense_bytes: 0,
+    };
+    let p = Problem {
+        layers: vec![layer(1), layer(2), layer(3), layer(4)],
+        globals: vec![],
+        budget: 1 << 20,
+    };
+    let e = solve(&p).unwrap_err().to_string();
+    assert!(e.contains("neuron-cost classes"), "{e}");
+}
