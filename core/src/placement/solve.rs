@@ -2,8 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use rayon::slice::ParallelSliceMut;
-
 use super::problem::{frequency_sum, sum, Problem};
 use crate::{Error, Result};
 
@@ -106,7 +104,11 @@ fn cost_classes(problem: &Problem) -> Vec<CostClass> {
         .map(|(cost, layers)| {
             // Sort keys: inverted frequency bits (frequencies are non-negative, so their bits
             // order like the values) above the neuron's position in the class.
-            let mut keys = Vec::new();
+            let n: usize = layers
+                .iter()
+                .map(|&il| problem.layers[il].frequencies.len())
+                .sum();
+            let mut keys = Vec::with_capacity(n);
             let mut start = Vec::with_capacity(layers.len());
             for &il in &layers {
                 start.push(keys.len() as u64);
@@ -117,7 +119,7 @@ fn cost_classes(problem: &Problem) -> Vec<CostClass> {
                     (u64::from(!bits) << 32) | (base + i as u64)
                 }));
             }
-            keys.par_sort_unstable();
+            let keys = radix_sort_high32(keys);
             let mut order = Vec::with_capacity(keys.len());
             let mut prefix = Vec::with_capacity(keys.len() + 1);
             let mut acc = 0.0f64;
@@ -141,6 +143,30 @@ fn cost_classes(problem: &Problem) -> Vec<CostClass> {
     // The last class is closed-form and the others are enumerated: enumerate the small ones.
     classes.sort_by_key(|c| c.order.len());
     classes
+}
+
+/// Sorts `keys` by their high 32 bits, keeping the order of equal ones (LSD radix sort, two
+/// passes of 16 bits: linear time, so a 40B model's two million neurons sort in milliseconds).
+fn radix_sort_high32(mut keys: Vec<u64>) -> Vec<u64> {
+    let mut out = vec![0u64; keys.len()];
+    for shift in [32, 48] {
+        let digit = |k: u64| ((k >> shift) & 0xffff) as usize;
+        let mut start = vec![0usize; 1 << 16];
+        for &k in &keys {
+            start[digit(k)] += 1;
+        }
+        let mut acc = 0;
+        for s in &mut start {
+            (*s, acc) = (acc, acc + *s);
+        }
+        for &k in &keys {
+            let d = digit(k);
+            out[start[d]] = k;
+            start[d] += 1;
+        }
+        std::mem::swap(&mut keys, &mut out);
+    }
+    keys
 }
 
 /// The best value of the neurons within `budget`, and the count taken from each class.

@@ -220,7 +220,7 @@ fn cost_model_orders_plans_by_bandwidth() {
 }
 
 #[test]
-fn falcon_40b_plans_fast_and_beats_dense() {
+fn falcon_40b_plan_fills_the_budget_and_beats_dense() {
     let setup = &setups()[0];
     assert_eq!(setup.model.n_layer * setup.model.n_ff, 60 * 32768);
     let p = setup.problem().unwrap();
