@@ -241,3 +241,20 @@ fn calibrated_statistics_agree_with_synth_targets() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A dense model (the default Gemma 3 270M: GeGLU, tied embeddings) plans with every neuron
+/// firing every token: the GPU share of a layer is its share of neurons.
+#[test]
+fn dense_default_model_plans_whole_neuron_shares() {
+    let m = common::model(hotcold_core::models::DefaultModel::Gemma3_270m);
+    let out = plan(&["-m", &m, "--vram-budget", "200MiB"]);
+    assert!(out.contains("statistics: dense FFN"), "{out}");
+    for (h, n, s) in layers(&out) {
+        assert!((s - h as f64 / n as f64).abs() < 1e-3, "{out}");
+    }
+    // The tied embedding (170 MiB of the 235) is the LM head, read whole every token: it beats
+    // the 65 MiB of everything else, which then only partly fits.
+    let globals = out.lines().find(|l| l.starts_with("on GPU: ")).unwrap();
+    assert!(globals.contains("token_embd.weight"), "{out}");
+    assert!(layers(&out).iter().any(|&(h, n, _)| h < n), "{out}");
+}

@@ -364,3 +364,30 @@ fn too_many_cost_classes_are_refused_not_hung() {
     let e = solve(&p).unwrap_err().to_string();
     assert!(e.contains("neuron-cost classes"), "{e}");
 }
+
+#[test]
+fn relu_file_without_statistics_is_refused_clearly() {
+    let mut w = crate::gguf::GgufWriter::new(crate::gguf::Magic::PowerInfer);
+    w.set(
+        "general.architecture",
+        crate::gguf::MetaValue::String("llama".into()),
+    );
+    w.set(
+        "hotcold.ffn_activation",
+        crate::gguf::MetaValue::String("relu".into()),
+    );
+    w.add_tensor(
+        "blk.0.ffn_up.weight",
+        crate::quant::GgmlType::F32,
+        &[2, 3],
+        vec![0u8; 24],
+    )
+    .unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let e = stats::frequencies(&file).unwrap_err().to_string();
+    assert!(e.contains("hotcold calibrate"), "{e}");
+    let empty = crate::gguf::GgufWriter::new(crate::gguf::Magic::Gguf);
+    let file = GgufFile::from_bytes(empty.to_bytes().unwrap()).unwrap();
+    let e = stats::frequencies(&file).unwrap_err().to_string();
+    assert!(e.contains("no FFN blocks"), "{e}");
+}
