@@ -116,7 +116,7 @@ impl GpuIndex {
                 message: "missing (PowerInfer requires it)".into(),
             })?;
         let tensors = file.tensors();
-        if tensors.len() % 2 != 0 {
+        if !tensors.len().is_multiple_of(2) {
             return Err(Error::InvalidArgument(format!(
                 "a GPU index has two tensors per layer, this file has {}",
                 tensors.len()

@@ -13,7 +13,7 @@
 
 use super::cost::{predict, Devices, Prediction};
 use super::problem::{GlobalTensor, Layer, Problem};
-use super::solve::solve;
+use super::solve::{solve, Plan};
 use crate::quant::GgmlType;
 use crate::Result;
 
@@ -223,29 +223,21 @@ pub struct SetupPrediction {
     pub gpu_share: f64,
 }
 
-/// Plans `setup` twice (sparse with the assumed statistics, dense with every neuron firing) and
-/// predicts both speeds.
-pub fn predict_setup(setup: &Setup) -> Result<SetupPrediction> {
+impl Setup {
+    /// The setup's placement problem, with the assumed statistics ([`KNOWN_DENSITY`],
+    /// [`KNOWN_ZIPF_EXPONENT`]).
+    pub fn problem(&self) -> Result<Problem> {
+        self.model
+            .problem(KNOWN_DENSITY, KNOWN_ZIPF_EXPONENT, self.budget)
+    }
+}
+
+/// Predicts `setup` with `plan` (an optimal plan of `setup.problem()`), and with every neuron
+/// firing and the same budget filled (llama.cpp's dense offload) for comparison.
+pub fn predict_setup(setup: &Setup, problem: &Problem, plan: &Plan) -> Result<SetupPrediction> {
     let activation = 4 * setup.model.n_embd as u64;
-    let sparse_problem = setup
-        .model
-        .problem(KNOWN_DENSITY, KNOWN_ZIPF_EXPONENT, setup.budget)?;
-    let plan = solve(&sparse_problem)?;
-    let sparse = predict(&sparse_problem, &plan, &setup.devices, activation)?;
-    let fired: f64 = sparse_problem
-        .layers
-        .iter()
-        .map(super::problem::frequency_sum)
-        .sum();
-    let shares = plan.layer_gpu_share(&sparse_problem);
-    let gpu_share = sparse_problem
-        .layers
-        .iter()
-        .zip(&shares)
-        .map(|(l, s)| s * super::problem::frequency_sum(l))
-        .sum::<f64>()
-        / fired;
-    let mut dense_problem = sparse_problem.clone();
+    let sparse = predict(problem, plan, &setup.devices, activation)?;
+    let mut dense_problem = problem.clone();
     for l in &mut dense_problem.layers {
         l.frequencies.fill(1.0);
     }
@@ -254,7 +246,7 @@ pub fn predict_setup(setup: &Setup) -> Result<SetupPrediction> {
     Ok(SetupPrediction {
         sparse,
         dense,
-        model_bytes: sparse_problem.total_bytes(),
-        gpu_share,
+        model_bytes: problem.total_bytes(),
+        gpu_share: plan.gpu_share(problem),
     })
 }

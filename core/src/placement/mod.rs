@@ -35,6 +35,8 @@
 //!   remaining budget is split over the cost classes by enumerating the counts of all classes
 //!   but the last, which takes as many as fit (its prefix sum never decreases). Files of one
 //!   weight type have one class (`O(1)` per choice); mixed-quant files usually two (`O(N)`).
+//!   A file whose classes would need more than a few billion evaluations is refused with an
+//!   error rather than planned inexactly.
 //!
 //! Among plans of equal value, the one with more dense and global bytes on the GPU wins, then the
 //! one with more neurons of the first-enumerated class (so a budget that holds everything places
@@ -54,7 +56,7 @@ mod problem;
 mod solve;
 pub mod stats;
 
-pub use problem::{GlobalTensor, Layer, Problem};
+pub use problem::{frequency_sum, GlobalTensor, Layer, Problem};
 pub use solve::{solve, Plan};
 pub use stats::FREQUENCY_KEY_PREFIX;
 

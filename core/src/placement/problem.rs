@@ -182,8 +182,13 @@ impl Problem {
 }
 
 /// Sum of a layer's firing frequencies: its expected number of active neurons per token.
-pub(crate) fn frequency_sum(layer: &Layer) -> f64 {
-    layer.frequencies.iter().map(|&f| f64::from(f)).sum()
+pub fn frequency_sum(layer: &Layer) -> f64 {
+    sum(layer.frequencies.iter().map(|&f| f64::from(f)))
+}
+
+/// A sum that is +0 when empty (`Iterator::sum` of floats starts from −0).
+pub(crate) fn sum(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |a, b| a + b)
 }
 
 /// `blk.N.rest` → `(N, rest)`.

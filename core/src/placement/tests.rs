@@ -1,6 +1,6 @@
 use super::cost::{predict, Devices};
 use super::gpuidx::GpuIndex;
-use super::known::{predict_setup, setups, KNOWN_DENSITY, KNOWN_ZIPF_EXPONENT};
+use super::known::{predict_setup, setups};
 use super::*;
 use crate::gguf::GgufFile;
 use crate::synth::rng::Rng;
@@ -220,17 +220,14 @@ fn cost_model_orders_plans_by_bandwidth() {
 }
 
 #[test]
-fn falcon_40b_plans_fast_and_beats_dense() {
+fn falcon_40b_plan_fills_the_budget_and_beats_dense() {
     let setup = &setups()[0];
     assert_eq!(setup.model.n_layer * setup.model.n_ff, 60 * 32768);
-    let p = setup
-        .model
-        .problem(KNOWN_DENSITY, KNOWN_ZIPF_EXPONENT, setup.budget)
-        .unwrap();
+    let p = setup.problem().unwrap();
     let plan = solve(&p).unwrap();
     check_plan(&p, &plan);
     assert!(plan.gpu_bytes <= setup.budget && plan.gpu_bytes > setup.budget * 9 / 10);
-    let r = predict_setup(setup).unwrap();
+    let r = predict_setup(setup, &p, &plan).unwrap();
     assert!(r.sparse.tokens_per_second > r.dense.tokens_per_second);
     assert!(r.gpu_share > 0.5 && r.gpu_share < 1.0, "{}", r.gpu_share);
 }
@@ -302,4 +299,95 @@ fn gpuidx_rejects_inconsistent_files() {
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     let e = GpuIndex::read(&file).unwrap_err().to_string();
     assert!(e.contains("does not list"), "{e}");
+}
+
+/// Sizes come from the tensor table: per-layer neuron bytes follow each layer's types, and a tied
+/// embedding (no `output.weight`) is read whole every token.
+#[test]
+fn problem_from_gguf_sizes_neurons_by_type() {
+    use crate::quant::GgmlType;
+    let (e, ff) = (32u64, 4u64);
+    let mut w = crate::gguf::GgufWriter::new(crate::gguf::Magic::Gguf);
+    let mut add = |name: &str, ty: GgmlType, shape: &[u64]| {
+        let rows: u64 = shape[1..].iter().product();
+        let n = (ty.row_bytes(shape[0]).unwrap() * rows) as usize;
+        w.add_tensor(name, ty, shape, vec![0u8; n]).unwrap();
+    };
+    add("token_embd.weight", GgmlType::Q8_0, &[e, 10]);
+    for (il, ty) in [(0, GgmlType::F16), (1, GgmlType::Q4_0)] {
+        add(&format!("blk.{il}.attn_q.weight"), ty, &[e, e]);
+        add(&format!("blk.{il}.attn_norm.weight"), GgmlType::F32, &[e]);
+        add(&format!("blk.{il}.ffn_gate.weight"), ty, &[e, ff]);
+        add(&format!("blk.{il}.ffn_up.weight"), ty, &[e, ff]);
+        add(
+            &format!("blk.{il}.ffn_down_t.weight"),
+            GgmlType::Q8_0,
+            &[e, ff],
+        );
+    }
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let freqs = vec![vec![0.5; ff as usize]; 2];
+    let p = Problem::from_gguf(&file, freqs, 1000).unwrap();
+    assert_eq!(p.layers[0].neuron_bytes, 2 * 64 + 34);
+    assert_eq!(p.layers[1].neuron_bytes, 2 * 18 + 34);
+    assert_eq!(p.layers[0].dense_bytes, 32 * 64 + 128);
+    assert_eq!(p.layers[1].dense_bytes, 32 * 18 + 128);
+    assert_eq!(p.globals.len(), 1);
+    assert_eq!(p.globals[0].bytes, 10 * 34);
+    assert_eq!(
+        p.globals[0].read_bytes,
+        10 * 34,
+        "tied: the LM head reads it all"
+    );
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    assert_eq!(p.total_bytes(), total);
+    // wrong statistics shape
+    let e = Problem::from_gguf(&file, vec![vec![0.5; 3]; 2], 0).unwrap_err();
+    assert!(
+        e.to_string().contains("3 activation frequencies for 4"),
+        "{e}"
+    );
+}
+
+#[test]
+fn too_many_cost_classes_are_refused_not_hung() {
+    let layer = |neuron_bytes| Layer {
+        neuron_bytes,
+        frequencies: vec![0.5; 100_000],
+        dense_bytes: 0,
+    };
+    let p = Problem {
+        layers: vec![layer(1), layer(2), layer(3), layer(4)],
+        globals: vec![],
+        budget: 1 << 20,
+    };
+    let e = solve(&p).unwrap_err().to_string();
+    assert!(e.contains("neuron-cost classes"), "{e}");
+}
+
+#[test]
+fn relu_file_without_statistics_is_refused_clearly() {
+    let mut w = crate::gguf::GgufWriter::new(crate::gguf::Magic::PowerInfer);
+    w.set(
+        "general.architecture",
+        crate::gguf::MetaValue::String("llama".into()),
+    );
+    w.set(
+        "hotcold.ffn_activation",
+        crate::gguf::MetaValue::String("relu".into()),
+    );
+    w.add_tensor(
+        "blk.0.ffn_up.weight",
+        crate::quant::GgmlType::F32,
+        &[2, 3],
+        vec![0u8; 24],
+    )
+    .unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let e = stats::frequencies(&file).unwrap_err().to_string();
+    assert!(e.contains("hotcold calibrate"), "{e}");
+    let empty = crate::gguf::GgufWriter::new(crate::gguf::Magic::Gguf);
+    let file = GgufFile::from_bytes(empty.to_bytes().unwrap()).unwrap();
+    let e = stats::frequencies(&file).unwrap_err().to_string();
+    assert!(e.contains("no FFN blocks"), "{e}");
 }

@@ -22,7 +22,7 @@ pub struct Args {
     model: Option<PathBuf>,
     /// Bytes of weights the GPU may hold: 24MiB, 8GiB, 512MB, … (required unless only
     /// --known-setups is asked for).
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_size, value_name = "SIZE", allow_hyphen_values = true)]
     vram_budget: Option<u64>,
     /// A `hotcold calibrate` output whose activation frequencies to use (default: the model's
     /// own statistics).
@@ -41,8 +41,8 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0, value_name = "µs")]
     bus_latency: f64,
     /// Write PowerInfer's GPU index (default path: `<model>.generated.gpuidx`).
-    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
-    write_gpuidx: Option<PathBuf>,
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    write_gpuidx: Option<Option<PathBuf>>,
     /// Print the cost model's predictions for PowerInfer's published setups.
     #[arg(long)]
     known_setups: bool,
@@ -124,11 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("solved in {:.3} ms", solve_time.as_secs_f64() * 1e3);
 
     if let Some(out) = args.write_gpuidx {
-        let out = if out.as_os_str().is_empty() {
-            GpuIndex::side_file_path(&path)
-        } else {
-            out
-        };
+        let out = out.unwrap_or_else(|| GpuIndex::side_file_path(&path));
         let index = GpuIndex {
             n_neurons: problem.layers.iter().map(|l| l.frequencies.len()).collect(),
             hot: plan.hot.clone(),
@@ -169,8 +165,6 @@ fn print_plan(path: &std::path::Path, source: &str, problem: &Problem, plan: &Pl
         globals.join(", ")
     );
     let shares = plan.layer_gpu_share(problem);
-    let mut fired = 0.0;
-    let mut served = 0.0;
     for (il, ((l, hot), share)) in problem
         .layers
         .iter()
@@ -178,9 +172,6 @@ fn print_plan(path: &std::path::Path, source: &str, problem: &Problem, plan: &Pl
         .zip(&shares)
         .enumerate()
     {
-        let f: f64 = l.frequencies.iter().map(|&x| f64::from(x)).sum();
-        fired += f;
-        served += f * share;
         println!(
             "layer {il}: hot {}/{} neurons, GPU share of activations {share:.4}, dense on {}",
             hot.len(),
@@ -190,7 +181,7 @@ fn print_plan(path: &std::path::Path, source: &str, problem: &Problem, plan: &Pl
     }
     println!(
         "GPU share of all activations: {:.4}",
-        if fired > 0.0 { served / fired } else { 0.0 }
+        plan.gpu_share(problem)
     );
 }
 
@@ -202,15 +193,29 @@ fn print_known_setups() -> anyhow::Result<()> {
         known::KNOWN_ZIPF_EXPONENT
     );
     println!(
-        "{:<24} {:<48} {:>9} {:>9} {:>12} {:>12} {:>9}  published vs llama.cpp",
-        "model", "machine", "weights", "GPU share", "hybrid tok/s", "dense tok/s", "speed-up"
+        "{:<22} {:<52} {:>10} {:>9} {:>12} {:>11} {:>9} {:>9}  published vs llama.cpp",
+        "model",
+        "machine",
+        "weights",
+        "GPU share",
+        "hybrid tok/s",
+        "dense tok/s",
+        "speed-up",
+        "solve ms"
     );
+    let mut sources = Vec::new();
     for setup in known::setups() {
+        let problem = setup.problem()?;
         let started = Instant::now();
-        let r = known::predict_setup(&setup)?;
+        let plan = solve(&problem)?;
         let took = started.elapsed();
+        let r = known::predict_setup(&setup, &problem, &plan)?;
+        if !sources.contains(&setup.source) {
+            sources.push(setup.source);
+        }
+        let note = sources.iter().position(|&s| s == setup.source).unwrap_or(0) + 1;
         println!(
-            "{:<24} {:<48} {:>9} {:>9.3} {:>12.2} {:>12.2} {:>8.2}x  {} ({}); planned twice in {:.0} ms",
+            "{:<22} {:<52} {:>10} {:>9.3} {:>12.2} {:>11.2} {:>8.2}x {:>9.1}  {} [{note}]",
             setup.model.name,
             setup.machine,
             format_size(r.model_bytes),
@@ -218,10 +223,12 @@ fn print_known_setups() -> anyhow::Result<()> {
             r.sparse.tokens_per_second,
             r.dense.tokens_per_second,
             r.sparse.tokens_per_second / r.dense.tokens_per_second,
+            took.as_secs_f64() * 1e3,
             setup.published,
-            setup.source,
-            took.as_secs_f64() * 1e3
         );
+    }
+    for (i, s) in sources.iter().enumerate() {
+        println!("[{}] {s}", i + 1);
     }
     println!(
         "PowerInfer paper (arXiv:2312.12456, abstract): 13.20 tok/s on average, 29.08 peak, up to \
