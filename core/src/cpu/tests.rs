@@ -268,7 +268,7 @@ fn simd_integer_parts_are_exact() {
 fn results_do_not_depend_on_thread_count() {
     let mut rng = Rng(42);
     for &ty in &[GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
-        let (rows, cols, n) = (301, 512, 9);
+        let (rows, cols, n) = (301, 512, 17);
         let data = random_matrix(&mut rng, ty, rows, cols);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
