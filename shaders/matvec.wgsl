@@ -27,7 +27,7 @@ struct Params {
     y_stride: u32,
     // Where this dispatch's outputs start in a token row of Y.
     y_off: u32,
-    // Dense: the first row of this chunk. Gather: where this dispatch's indices start in IDX.
+    // Gather: where this dispatch's indices start in IDX (dense: unused, rows are the chunk's).
     first: u32,
     // Gather: the global index of the chunk's first row (subtracted from IDX entries).
     row_base: u32,
@@ -193,7 +193,7 @@ fn main(
     if (GATHER) {
         row = IDX[P.first + k] - P.row_base;
     } else {
-        row = P.first + k;
+        row = k;
     }
     let nb = P.cols / block_size();
     let bb = block_bytes();

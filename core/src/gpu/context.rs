@@ -171,11 +171,7 @@ impl GpuContext {
         });
         encoder.copy_buffer_to_buffer(src, 0, &staging, 0, size);
         let index = self.queue.submit([encoder.finish()]);
-        Pending {
-            staging,
-            index,
-            n,
-        }
+        Pending { staging, index, n }
     }
 
     /// A new command encoder.

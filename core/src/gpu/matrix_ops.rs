@@ -147,7 +147,7 @@ impl GpuContext {
             // The outputs of this chunk: its rows (dense), or the indices that fall in it (the
             // index list is sorted within each chunk's range; find the contiguous run).
             let (first, count, y_off) = match rows {
-                None => (chunk.first, chunk.rows, chunk.first),
+                None => (0, chunk.rows, chunk.first),
                 Some(rows) => {
                     let lo = rows.partition_point(|&r| (r as usize) < chunk.first);
                     let hi = rows.partition_point(|&r| (r as usize) < chunk.first + chunk.rows);
@@ -276,11 +276,7 @@ impl GpuContext {
                 rows.len()
             )));
         }
-        let pipeline = self.pipeline(
-            Shader::SparseAxpy,
-            "main",
-            &[("WTYPE", type_id(w_t.ty))],
-        );
+        let pipeline = self.pipeline(Shader::SparseAxpy, "main", &[("WTYPE", type_id(w_t.ty))]);
         let n_out = n * w_t.cols;
         let y = self.output("axpy", n_out);
         let a_buf = self.storage("a", bytemuck::cast_slice(a));

@@ -62,7 +62,11 @@ impl GpuContext {
             entry,
             constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
         );
-        let mut cache = self.pipelines.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self
+            .pipelines
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(&key) {
             return p.clone();
         }

@@ -98,7 +98,9 @@ mod tests {
     #[test]
     fn a_broken_shader_is_rejected() {
         // The validator is strict enough to catch a type error (so the test above can fail).
-        let broken = Shader::Softmax.source().replace("let inv = 1.0", "let inv = 1u");
+        let broken = Shader::Softmax
+            .source()
+            .replace("let inv = 1.0", "let inv = 1u");
         let module = naga::front::wgsl::parse_str(&broken);
         let ok = module.is_ok_and(|m| {
             naga::valid::Validator::new(
