@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::attention::{attend, AttentionShape};
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
+use super::offload::{CpuFfn, FfnOffload};
 use crate::cpu::ops::{self, Rope};
 use crate::cpu::{self, Matrix};
 use crate::model::{LayerWeights, Model};
@@ -33,6 +34,7 @@ pub struct Session<'m> {
     ffn_mode: FfnMode,
     density: FfnDensity,
     observer: Option<FfnObserver>,
+    offload: Arc<dyn FfnOffload>,
 }
 
 impl<'m> Session<'m> {
@@ -49,7 +51,13 @@ impl<'m> Session<'m> {
             ffn_mode: default_ffn_mode(model),
             density: FfnDensity::new(hp.n_layer, hp.n_ff),
             observer: None,
+            offload: Arc::new(CpuFfn),
         }
+    }
+
+    /// Chooses where the FFN's matrix products run (default: [`CpuFfn`]).
+    pub fn set_ffn_offload(&mut self, offload: Arc<dyn FfnOffload>) {
+        self.offload = offload;
     }
 
     /// Installs (or removes) a callback that sees every layer's FFN input and activations.
@@ -184,6 +192,7 @@ impl<'m> Session<'m> {
         let h = self.norm_rows(x, &layer.ffn_norm);
         let ffn = feed_forward(
             self.model,
+            &*self.offload,
             self.ffn_mode,
             il,
             x,
