@@ -79,7 +79,7 @@ impl GpuContext {
         }))
         .map_err(|e| Error::Gpu(format!("cannot open {}: {e}", info.name)))?;
         let max_binding = MAX_BINDING_BYTES
-            .min(u64::from(limits.max_storage_buffer_binding_size))
+            .min(limits.max_storage_buffer_binding_size)
             .min(limits.max_buffer_size);
         Ok(Arc::new(GpuContext {
             device,
@@ -117,7 +117,7 @@ impl GpuContext {
     /// A read-only storage buffer holding `bytes` (padded to a whole number of u32, never empty).
     pub(crate) fn storage(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         let mut padded;
-        let contents = if bytes.len() % 4 != 0 || bytes.is_empty() {
+        let contents = if !bytes.len().is_multiple_of(4) || bytes.is_empty() {
             padded = bytes.to_vec();
             padded.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
             &padded[..]
