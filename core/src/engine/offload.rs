@@ -204,3 +204,58 @@ pub fn hot_neurons(model: &Model, budget: u64, usable: impl Fn(usize) -> bool) -
     }
     hot
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::synth::{self, SynthConfig};
+
+    fn tiny(frequencies: Option<&[Vec<f32>]>) -> Model {
+        let cfg = SynthConfig::preset("tiny").unwrap();
+        let (mut writer, _) = synth::build(&cfg).unwrap();
+        for (il, f) in frequencies.into_iter().flatten().enumerate() {
+            writer.set(
+                &format!("{FREQUENCY_KEY_PREFIX}.{il}"),
+                MetaValue::Array(MetaArray::F32(f.clone())),
+            );
+        }
+        let file = GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap();
+        Model::from_file(Arc::new(file)).unwrap()
+    }
+
+    #[test]
+    fn the_budget_is_respected_and_shared_between_layers() {
+        let model = tiny(None);
+        let per = neuron_bytes(&model, 0);
+        let n_ff = model.hp.n_ff;
+        assert_eq!(ffn_bytes(&model), per * (n_ff * model.hp.n_layer) as u64);
+        let hot = hot_neurons(&model, per * 10 + per / 2, |_| true);
+        assert_eq!(hot.iter().map(Vec::len).sum::<usize>(), 10);
+        // Without statistics the layers share alike, lowest ids first.
+        assert_eq!(hot[0], (0..5).collect::<Vec<u32>>());
+        assert_eq!(hot[1], (0..5).collect::<Vec<u32>>());
+        let all = hot_neurons(&model, u64::MAX, |_| true);
+        assert!(all.iter().all(|h| h.len() == n_ff));
+        let none = hot_neurons(&model, u64::MAX, |il| il == 1);
+        assert!(none[0].is_empty() && none[1].len() == n_ff);
+    }
+
+    #[test]
+    fn activation_frequencies_choose_the_hot_neurons() {
+        let n_ff = tiny(None).hp.n_ff;
+        // Layer 1's last neurons fire most, then layer 0's neuron 7.
+        let mut f0 = vec![0.01f32; n_ff];
+        f0[7] = 0.5;
+        let mut f1 = vec![0.0f32; n_ff];
+        f1[n_ff - 3..].fill(0.9);
+        let model = tiny(Some(&[f0, f1]));
+        let per = neuron_bytes(&model, 0);
+        let hot = hot_neurons(&model, per * 4, |_| true);
+        assert_eq!(hot[0], vec![7]);
+        let n = n_ff as u32;
+        assert_eq!(hot[1], vec![n - 3, n - 2, n - 1]);
+    }
+}
