@@ -218,7 +218,7 @@ mod tests {
         let (mut writer, _) = synth::build(&cfg).unwrap();
         for (il, f) in frequencies.into_iter().flatten().enumerate() {
             writer.set(
-                &format!("{FREQUENCY_KEY_PREFIX}.{il}"),
+                format!("{FREQUENCY_KEY_PREFIX}.{il}"),
                 MetaValue::Array(MetaArray::F32(f.clone())),
             );
         }
