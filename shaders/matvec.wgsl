@@ -31,7 +31,8 @@ struct Params {
     first: u32,
     // Gather: the global index of the chunk's first row (subtracted from IDX entries).
     row_base: u32,
-    _pad: u32,
+    // Where this product's outputs start in Y (several products may share one buffer).
+    y_base: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -218,6 +219,6 @@ fn main(
         if (ROUND_F16) {
             v = round_f16(v);
         }
-        Y[t * P.y_stride + P.y_off + k] = v;
+        Y[P.y_base + t * P.y_stride + P.y_off + k] = v;
     }
 }

@@ -125,6 +125,33 @@ fn matvec_and_gather_match_cpu_for_every_type() {
 }
 
 #[test]
+fn a_pair_of_gathers_equals_two_gathers() {
+    // Gate and up in one submission (one upload of x, one read-back).
+    let ctx = gpu();
+    let layer = &gemma().layers[0];
+    let (gate, up) = (gemma().matrix(&layer.gate), gemma().matrix(&layer.up));
+    let (g, u) = (
+        GpuMatrix::upload(ctx, &gate).unwrap(),
+        GpuMatrix::upload(ctx, &up).unwrap(),
+    );
+    let x = activations(2 * gate.cols, 9);
+    let idx = [3u32, 8, 100, 2047];
+    let pair = ctx
+        .submit_gather_matvec_pair(&g, &u, &idx, &x, 2)
+        .unwrap()
+        .wait(ctx)
+        .unwrap();
+    let mut want = ctx.gather_matvec(&g, &idx, &x, 2).unwrap();
+    want.extend(ctx.gather_matvec(&u, &idx, &x, 2).unwrap());
+    assert_eq!(pair, want);
+    let (bytes, cols) = real_matrix(GgmlType::Q8_0, 4);
+    let other = GpuMatrix::upload(ctx, &Matrix::new(GgmlType::Q8_0, 4, cols, &bytes).unwrap());
+    assert!(ctx
+        .submit_gather_matvec_pair(&g, &other.unwrap(), &[0], &x, 2)
+        .is_err());
+}
+
+#[test]
 fn the_models_own_tensors_match_cpu() {
     // Gemma's layer-0 FFN in the file's own types (Q4_K_M mixes K-quants with fallbacks).
     let ctx = gpu();

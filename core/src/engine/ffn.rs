@@ -205,10 +205,15 @@ fn sparse_activations(
     let act: FfnActivation = model.hp.ffn_act;
     let union = union_of(chosen, n_ff);
     let m = union.len();
-    let up = offload.gather(model, il, FfnTensor::Up, &union, h, n)?;
-    let gate = match dense_gate {
-        Some(_) => None,
-        None => Some(offload.gather(model, il, FfnTensor::Gate, &union, h, n)?),
+    let (gate, up) = match dense_gate {
+        Some(_) => (
+            None,
+            offload.gather(model, il, FfnTensor::Up, &union, h, n)?,
+        ),
+        None => {
+            let (gate, up) = offload.gather_gate_up(model, il, &union, h, n)?;
+            (Some(gate), up)
+        }
     };
     let mut a = vec![0f32; n * n_ff];
     for (t, set) in chosen.iter().enumerate() {

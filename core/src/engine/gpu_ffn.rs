@@ -153,6 +153,73 @@ impl GpuFfn {
         &self.ctx
     }
 
+    /// The gathered products of `whiches` (gate and/or up) over `rows`: the hot rows on the GPU
+    /// (one submission, `x` uploaded once) while the CPU computes the cold rows, then merged.
+    #[allow(clippy::too_many_arguments)]
+    fn split_gather(
+        &self,
+        model: &Model,
+        il: usize,
+        layer: &GpuLayer,
+        whiches: &[FfnTensor],
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        // Positions in `rows` of the hot and the cold neurons.
+        let (hot_pos, cold_pos): (Vec<usize>, Vec<usize>) =
+            (0..rows.len()).partition(|&k| layer.local[rows[k] as usize] != COLD);
+        let hot_local: Vec<u32> = hot_pos
+            .iter()
+            .map(|&k| layer.local[rows[k] as usize])
+            .collect();
+        let held: Vec<&GpuMatrix> = whiches.iter().map(|&w| Self::held(layer, w)).collect();
+        let pending = match held[..] {
+            _ if hot_local.is_empty() => Vec::new(),
+            [a, b] if a.ty == b.ty && a.cols == b.cols => {
+                vec![self.ctx.submit_gather_matvec_pair(a, b, &hot_local, x, n)?]
+            }
+            _ => held
+                .iter()
+                .map(|w| self.ctx.submit_gather_matvec(w, &hot_local, x, n))
+                .collect::<Result<_>>()?,
+        };
+        let cold_rows: Vec<u32> = cold_pos.iter().map(|&k| rows[k]).collect();
+        let mut cold = Vec::with_capacity(whiches.len());
+        for &which in whiches {
+            let mut y = vec![0f32; n * cold_rows.len()];
+            if !cold_rows.is_empty() {
+                let w = ffn_weight(model, il, which)?;
+                cpu::gather_matmul(&model.matrix(w), &cold_rows, x, n, &mut y)?;
+            }
+            cold.push(y);
+        }
+        let mut hot: Vec<f32> = Vec::new();
+        for p in pending {
+            hot.extend(p.wait(&self.ctx)?);
+        }
+        let (m, h) = (rows.len(), n * hot_pos.len());
+        let merged = cold
+            .iter()
+            .enumerate()
+            .map(|(i, cold)| {
+                let hot = hot.get(i * h..(i + 1) * h).unwrap_or(&[]);
+                let mut y = vec![0f32; n * m];
+                for t in 0..n {
+                    let row = &mut y[t * m..(t + 1) * m];
+                    for (j, &k) in hot_pos.iter().enumerate() {
+                        row[k] = hot[t * hot_pos.len() + j];
+                    }
+                    for (j, &k) in cold_pos.iter().enumerate() {
+                        row[k] = cold[t * cold_pos.len() + j];
+                    }
+                }
+                y
+            })
+            .collect();
+        Ok(merged)
+    }
+
     /// Gate or up on the GPU.
     fn held(layer: &GpuLayer, which: FfnTensor) -> &GpuMatrix {
         match which {
@@ -198,44 +265,30 @@ impl FfnOffload for GpuFfn {
         x: &[f32],
         n: usize,
     ) -> Result<Vec<f32>> {
+        match &self.layers[il] {
+            None => CpuFfn.gather(model, il, which, rows, x, n),
+            Some(layer) => Ok(self
+                .split_gather(model, il, layer, &[which], rows, x, n)?
+                .remove(0)),
+        }
+    }
+
+    fn gather_gate_up(
+        &self,
+        model: &Model,
+        il: usize,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let Some(layer) = &self.layers[il] else {
-            return CpuFfn.gather(model, il, which, rows, x, n);
+            return CpuFfn.gather_gate_up(model, il, rows, x, n);
         };
-        // Positions in `rows` of the hot and the cold neurons.
-        let (hot_pos, cold_pos): (Vec<usize>, Vec<usize>) =
-            (0..rows.len()).partition(|&k| layer.local[rows[k] as usize] != COLD);
-        let hot_local: Vec<u32> = hot_pos
-            .iter()
-            .map(|&k| layer.local[rows[k] as usize])
-            .collect();
-        let pending = if hot_local.is_empty() {
-            None
-        } else {
-            let w = Self::held(layer, which);
-            Some(self.ctx.submit_gather_matvec(w, &hot_local, x, n)?)
-        };
-        let cold_rows: Vec<u32> = cold_pos.iter().map(|&k| rows[k]).collect();
-        let mut cold = vec![0f32; n * cold_rows.len()];
-        if !cold_rows.is_empty() {
-            let w = ffn_weight(model, il, which)?;
-            cpu::gather_matmul(&model.matrix(w), &cold_rows, x, n, &mut cold)?;
-        }
-        let hot = match pending {
-            Some(p) => p.wait(&self.ctx)?,
-            None => Vec::new(),
-        };
-        let m = rows.len();
-        let mut y = vec![0f32; n * m];
-        for t in 0..n {
-            let row = &mut y[t * m..(t + 1) * m];
-            for (j, &k) in hot_pos.iter().enumerate() {
-                row[k] = hot[t * hot_pos.len() + j];
-            }
-            for (j, &k) in cold_pos.iter().enumerate() {
-                row[k] = cold[t * cold_pos.len() + j];
-            }
-        }
-        Ok(y)
+        let both = [FfnTensor::Gate, FfnTensor::Up];
+        let mut out = self.split_gather(model, il, layer, &both, rows, x, n)?;
+        let up = out.pop().expect("two products");
+        let gate = out.pop().expect("two products");
+        Ok((gate, up))
     }
 
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {

@@ -57,6 +57,20 @@ pub trait FfnOffload: Send + Sync {
         n: usize,
     ) -> Result<Vec<f32>>;
 
+    /// [`FfnOffload::gather`] of gate and of up over the same rows: `(gate, up)`.
+    fn gather_gate_up(
+        &self,
+        model: &Model,
+        il: usize,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let gate = self.gather(model, il, FfnTensor::Gate, rows, x, n)?;
+        let up = self.gather(model, il, FfnTensor::Up, rows, x, n)?;
+        Ok((gate, up))
+    }
+
     /// The down projection over the neuron-major `ffn_down_t` with coefficients `a`
     /// (`n × n_ff`, already rounded as `cpu::matmul` rounds its input), `n × n_embd`.
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>>;

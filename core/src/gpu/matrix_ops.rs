@@ -22,7 +22,7 @@ struct MatvecParams {
     y_off: u32,
     first: u32,
     row_base: u32,
-    _pad: u32,
+    y_base: u32,
 }
 
 /// `sparse_axpy.wgsl`'s parameters.
@@ -127,7 +127,7 @@ impl GpuContext {
         rows: Option<&[u32]>,
         acts: &ActBuffers,
         n: usize,
-        y: &wgpu::Buffer,
+        (y, y_base): (&wgpu::Buffer, usize),
         epilogue: Epilogue,
     ) {
         let gather = rows.is_some();
@@ -165,7 +165,7 @@ impl GpuContext {
                 y_off: y_off as u32,
                 first: first as u32,
                 row_base: chunk.first as u32,
-                _pad: 0,
+                y_base: y_base as u32,
             });
             let [gx, gy] = grid(count as u32);
             self.dispatch(
@@ -226,8 +226,47 @@ impl GpuContext {
         let n_out = n * rows.map_or(w.rows, <[u32]>::len);
         let y = self.output("y", n_out);
         let mut encoder = self.encoder();
-        self.record_matvec(&mut encoder, w, rows, &acts, n, &y, epilogue);
+        self.record_matvec(&mut encoder, w, rows, &acts, n, (&y, 0), epilogue);
         Ok(self.submit_read(encoder, &y, n_out))
+    }
+
+    /// Submits the gathered products of two matrices of the same type and width over the same
+    /// rows and input (an FFN's gate and up), quantising and uploading `x` once and reading both
+    /// back at once: the result is `w1`'s `n × rows.len()` outputs followed by `w2`'s.
+    ///
+    /// Errors: as [`GpuContext::submit_gather_matvec`], and [`Error::InvalidArgument`] when the
+    /// matrices differ in type or width.
+    pub fn submit_gather_matvec_pair(
+        &self,
+        w1: &GpuMatrix,
+        w2: &GpuMatrix,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Pending> {
+        if w1.ty != w2.ty || w1.cols != w2.cols {
+            return Err(Error::InvalidArgument(format!(
+                "a pair of products needs one type and width ({} × {}, {} × {})",
+                w1.ty, w1.cols, w2.ty, w2.cols
+            )));
+        }
+        check_rows(w1, rows)?;
+        check_rows(w2, rows)?;
+        check_x(w1, x, n)?;
+        if !rows.is_sorted() {
+            return Err(Error::InvalidArgument(
+                "gathered rows must be sorted".into(),
+            ));
+        }
+        let acts = self.upload_acts(w1.ty, x, n, w1.cols)?;
+        let half = n * rows.len();
+        let y = self.output("y", 2 * half);
+        let mut encoder = self.encoder();
+        for (w, base) in [(w1, 0), (w2, half)] {
+            let e = Epilogue::default();
+            self.record_matvec(&mut encoder, w, Some(rows), &acts, n, (&y, base), e);
+        }
+        Ok(self.submit_read(encoder, &y, 2 * half))
     }
 
     /// [`GpuContext::submit_matvec`], waited for.
@@ -353,7 +392,7 @@ impl GpuContext {
             relu: true,
             round_f16: fc2.ty == GgmlType::F16,
         };
-        self.record_matvec(&mut encoder, fc1, None, &acts, n, &hidden, epilogue);
+        self.record_matvec(&mut encoder, fc1, None, &acts, n, (&hidden, 0), epilogue);
         let empty = self.storage("empty", &[]);
         let hidden_acts = ActBuffers {
             f: hidden,
@@ -369,7 +408,7 @@ impl GpuContext {
             None,
             &hidden_acts,
             n,
-            &y,
+            (&y, 0),
             Epilogue::default(),
         );
         self.submit_read(encoder, &y, n_out).wait(self)
