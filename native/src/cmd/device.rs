@@ -97,7 +97,11 @@ impl DeviceArgs {
                 self.vram_budget.is_none() || self.device != DeviceArg::Cpu,
                 "--vram-budget needs --device gpu or auto"
             );
-            return Ok((Arc::new(CpuFfn), "device: cpu".into()));
+            let note = match self.vram_budget {
+                Some(_) => "device: cpu (no hardware GPU found; --vram-budget unused)",
+                None => "device: cpu",
+            };
+            return Ok((Arc::new(CpuFfn), note.into()));
         };
         let budget = self.vram_budget.map_or(u64::MAX, |b| b.bytes(model));
         let gpu = GpuFfn::with_budget(ctx.clone(), model, budget)?;
