@@ -90,6 +90,9 @@ pub enum Error {
         /// Where it was looked for.
         path: PathBuf,
     },
+    /// The GPU backend cannot run: no adapter, a lost device, a failed read-back.
+    #[error("gpu: {0}")]
+    Gpu(String),
 }
 
 impl Error {

@@ -19,6 +19,8 @@ pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gguf;
+#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+pub mod gpu;
 pub mod model;
 pub mod models;
 pub mod placement;

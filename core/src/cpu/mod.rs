@@ -37,7 +37,7 @@ use rayon::prelude::*;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
-use act::{ActKind, Acts};
+pub(crate) use act::{ActKind, Acts};
 
 pub use sparse::{gather_matmul, sparse_axpy};
 
@@ -259,6 +259,35 @@ pub fn round_like_matmul_input(
         }
     }
     Ok(())
+}
+
+/// The activations exactly as [`matmul`] quantises them for weights of type `ty` (for the GPU
+/// backend, whose kernels take the same quants and scales).
+///
+/// Errors: as [`round_like_matmul_input`].
+#[cfg_attr(
+    not(all(feature = "gpu", not(target_arch = "wasm32"))),
+    allow(dead_code)
+)]
+pub(crate) fn quantize_like_matmul(
+    ty: GgmlType,
+    x: &[f32],
+    n_tokens: usize,
+    cols: usize,
+) -> Result<Acts> {
+    let kind = kind_for(ty).ok_or(Error::UnsupportedType {
+        ty: ty.name(),
+        op: "matmul",
+    })?;
+    if n_tokens.checked_mul(cols) != Some(x.len()) || !cols.is_multiple_of(ty.block_size()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n_tokens} × {cols} (a whole number of {ty} blocks)",
+            x.len()
+        )));
+    }
+    let mut acts = Acts::default();
+    acts.quantize(Level::current(), kind, offset_shift(ty), x, n_tokens, cols);
+    Ok(acts)
 }
 
 /// Computes `y[t*rows + r] = dot(W row r, x[t*cols .. (t+1)*cols])` for `t` in `0..n_tokens`.

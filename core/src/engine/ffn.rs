@@ -6,8 +6,9 @@
 //! neurons' down rows (sparse axpy). With a ReLU activation the oracle set is exactly the set of
 //! non-zero neurons, so `Oracle` equals `Dense` up to float summation order.
 
+use super::offload::{FfnOffload, FfnTensor};
 use crate::cpu;
-use crate::model::{FfnActivation, LayerWeights, Model, Predictor, Weight};
+use crate::model::{FfnActivation, Model, Predictor, Weight};
 use crate::{Error, Result};
 
 /// How the FFN chooses its neurons.
@@ -84,10 +85,12 @@ pub struct FfnTrace<'a> {
 pub type FfnObserver = Box<dyn FnMut(&FfnTrace) + Send + Sync>;
 
 /// The FFN of layer `il` for `n` tokens: `x` is the residual stream entering the FFN (the
-/// predictor's input), `h` the same after the FFN norm. Returns `n × n_embd`.
+/// predictor's input), `h` the same after the FFN norm. Returns `n × n_embd`. The matrix products
+/// run where `offload` puts them.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn feed_forward(
     model: &Model,
+    offload: &dyn FfnOffload,
     mode: FfnMode,
     il: usize,
     x: &[f32],
@@ -102,8 +105,8 @@ pub(super) fn feed_forward(
     let (mut a, gate) = match mode {
         FfnMode::Dense => {
             let (gate, up) = rayon::join(
-                || matmul(model, &layer.gate, h, n),
-                || matmul(model, &layer.up, h, n),
+                || offload.matmul(model, il, FfnTensor::Gate, h, n),
+                || offload.matmul(model, il, FfnTensor::Up, h, n),
             );
             let (gate, up) = (gate?, up?);
             let a = gate
@@ -115,7 +118,7 @@ pub(super) fn feed_forward(
             (a, Some(gate))
         }
         FfnMode::Oracle | FfnMode::Cats => {
-            let gate = matmul(model, &layer.gate, h, n)?;
+            let gate = offload.matmul(model, il, FfnTensor::Gate, h, n)?;
             let threshold = match mode {
                 FfnMode::Cats => cats_threshold(model, il)?,
                 _ => 0.0,
@@ -125,7 +128,7 @@ pub(super) fn feed_forward(
                 _ => !act.is_relu() || v > 0.0,
             };
             let chosen: Vec<Vec<u32>> = gate.chunks_exact(n_ff).map(|g| select(g, keep)).collect();
-            let a = sparse_activations(model, layer, act, h, n, &chosen, Some(&gate), il, density)?;
+            let a = sparse_activations(model, offload, h, n, &chosen, Some(&gate), il, density)?;
             (a, Some(gate))
         }
         FfnMode::Sparse => {
@@ -140,7 +143,7 @@ pub(super) fn feed_forward(
                 .chunks_exact(n_ff)
                 .map(|p| select(p, |v| v >= threshold))
                 .collect();
-            let a = sparse_activations(model, layer, act, h, n, &chosen, None, il, density)?;
+            let a = sparse_activations(model, offload, h, n, &chosen, None, il, density)?;
             (a, None)
         }
     };
@@ -152,7 +155,7 @@ pub(super) fn feed_forward(
             activations: &a,
         });
     }
-    down_projection(model, layer, &mut a, n)
+    down_projection(model, offload, il, &mut a, n)
 }
 
 /// Layer `il`'s CATS threshold (a file without them is rejected when the mode is chosen).
@@ -190,8 +193,7 @@ fn select(row: &[f32], keep: impl Fn(f32) -> bool) -> Vec<u32> {
 #[allow(clippy::too_many_arguments)]
 fn sparse_activations(
     model: &Model,
-    layer: &LayerWeights,
-    act: FfnActivation,
+    offload: &dyn FfnOffload,
     h: &[f32],
     n: usize,
     chosen: &[Vec<u32>],
@@ -200,12 +202,18 @@ fn sparse_activations(
     density: &mut FfnDensity,
 ) -> Result<Vec<f32>> {
     let n_ff = model.hp.n_ff;
+    let act: FfnActivation = model.hp.ffn_act;
     let union = union_of(chosen, n_ff);
     let m = union.len();
-    let up = gather(model, &layer.up, &union, h, n)?;
-    let gate = match dense_gate {
-        Some(_) => None,
-        None => Some(gather(model, &layer.gate, &union, h, n)?),
+    let (gate, up) = match dense_gate {
+        Some(_) => (
+            None,
+            offload.gather(model, il, FfnTensor::Up, &union, h, n)?,
+        ),
+        None => {
+            let (gate, up) = offload.gather_gate_up(model, il, &union, h, n)?;
+            (Some(gate), up)
+        }
     };
     let mut a = vec![0f32; n * n_ff];
     for (t, set) in chosen.iter().enumerate() {
@@ -246,31 +254,23 @@ fn union_of(sets: &[Vec<u32>], n_ff: usize) -> Vec<u32> {
 /// ggml's dense product and PowerInfer's sparse kernels both do.
 fn down_projection(
     model: &Model,
-    layer: &LayerWeights,
+    offload: &dyn FfnOffload,
+    il: usize,
     a: &mut [f32],
     n: usize,
 ) -> Result<Vec<f32>> {
-    match (&layer.down_t, &layer.down) {
-        (Some(down_t), _) => {
-            let mut out = vec![0f32; n * model.hp.n_embd];
+    match &model.layers[il].down_t {
+        Some(down_t) => {
             cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
-            cpu::sparse_axpy(&model.matrix(down_t), a, n, &mut out)?;
-            Ok(out)
+            offload.down_axpy(model, il, a, n)
         }
-        (None, Some(down)) => matmul(model, down, a, n),
-        (None, None) => unreachable!("the loader requires ffn_down or ffn_down_t"),
+        None => offload.matmul(model, il, FfnTensor::Down, a, n),
     }
 }
 
 fn matmul(model: &Model, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
     let mut y = vec![0f32; n * w.rows];
     cpu::matmul(&model.matrix(w), x, n, &mut y)?;
-    Ok(y)
-}
-
-fn gather(model: &Model, w: &Weight, rows: &[u32], x: &[f32], n: usize) -> Result<Vec<f32>> {
-    let mut y = vec![0f32; n * rows.len()];
-    cpu::gather_matmul(&model.matrix(w), rows, x, n, &mut y)?;
     Ok(y)
 }
 

@@ -5,14 +5,22 @@ mod attention;
 mod batch;
 mod ffn;
 mod generate;
+#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+mod gpu_ffn;
 mod kv_cache;
+mod offload;
 mod perplexity;
 mod session;
 
 pub use batch::{Batch, SeqId, Work};
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
 pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, StopReason};
+#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+pub use gpu_ffn::{layer_fits_kernels, GpuFfn};
 pub use kv_cache::KvCache;
+pub use offload::{
+    ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor, FREQUENCY_KEY_PREFIX,
+};
 pub use perplexity::{perplexity, ChunkScore};
 pub use session::{Logits, Session};
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::attention::{attend, AttentionShape};
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
+use super::offload::{CpuFfn, FfnOffload};
 use rayon::prelude::*;
 
 use crate::cpu::ops::{self, Rope};
@@ -52,6 +53,7 @@ pub(super) struct Forward<'m> {
     ffn_mode: FfnMode,
     density: FfnDensity,
     observer: Option<FfnObserver>,
+    offload: Arc<dyn FfnOffload>,
 }
 
 impl<'m> Session<'m> {
@@ -63,6 +65,11 @@ impl<'m> Session<'m> {
             cache: KvCache::new(&model.hp, n_ctx),
             n_past: 0,
         }
+    }
+
+    /// Chooses where the FFN's matrix products run (default: [`CpuFfn`]).
+    pub fn set_ffn_offload(&mut self, offload: Arc<dyn FfnOffload>) {
+        self.fwd.offload = offload;
     }
 
     /// Installs (or removes) a callback that sees every layer's FFN input and activations.
@@ -168,6 +175,7 @@ impl<'m> Forward<'m> {
             ffn_mode: default_ffn_mode(model),
             density: FfnDensity::new(hp.n_layer, hp.n_ff),
             observer: None,
+            offload: Arc::new(CpuFfn),
         }
     }
 
@@ -263,6 +271,7 @@ impl<'m> Forward<'m> {
         let h = self.norm_rows(x, &layer.ffn_norm);
         let ffn = feed_forward(
             self.model,
+            &*self.offload,
             self.ffn_mode,
             il,
             x,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use hotcold_core::engine::{thread_pool, FfnMode, Session};
+use hotcold_core::engine::{thread_pool, FfnMode, FfnOffload, Session};
 use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
 use hotcold_core::sample::SamplerConfig;
@@ -29,6 +29,9 @@ pub struct ModelArgs {
     /// (default: sparse when the file has predictors, else dense).
     #[arg(long = "ffn", value_enum)]
     pub ffn: Option<FfnArg>,
+    /// `--device`, `--vram-budget`.
+    #[command(flatten)]
+    pub device: super::device::DeviceArgs,
 }
 
 /// `--ffn` values.
@@ -116,12 +119,15 @@ pub struct Loaded {
     pub load_secs: f64,
     /// `--ffn`, when given.
     pub ffn: Option<FfnMode>,
+    /// Where the FFN runs (`--device`, `--vram-budget`).
+    pub offload: Arc<dyn FfnOffload>,
 }
 
 impl Loaded {
     /// A new session of `n_ctx` positions with the `--ffn` mode applied.
     pub fn session_with_ctx(&self, n_ctx: usize) -> anyhow::Result<Session<'_>> {
         let mut session = Session::new(&self.model, n_ctx, self.pool.clone());
+        session.set_ffn_offload(self.offload.clone());
         if let Some(mode) = self.ffn {
             session.set_ffn_mode(mode)?;
         }
@@ -169,6 +175,10 @@ impl ModelArgs {
         let pool = thread_pool(threads)?;
         let n_ctx = self.ctx_size.unwrap_or(model.hp.n_ctx_train.min(4096));
         anyhow::ensure!(n_ctx > 0, "-c must be at least 1");
+        let (offload, note) = self.device.offload(&model)?;
+        if self.device.device != super::device::DeviceArg::Auto || note != "device: cpu" {
+            eprintln!("{note}");
+        }
         Ok(Loaded {
             model,
             tokenizer,
@@ -176,6 +186,7 @@ impl ModelArgs {
             n_ctx,
             load_secs: start.elapsed().as_secs_f64(),
             ffn: self.ffn.map(FfnMode::from),
+            offload,
         })
     }
 }

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod chat;
 pub mod common;
+pub mod device;
 pub mod inspect;
 pub mod model_arg;
 pub mod perplexity;

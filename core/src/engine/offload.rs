@@ -1,0 +1,275 @@
+//! Where the FFN's matrix products run. The forward pass calls an [`FfnOffload`] for every FFN
+//! product (no device branches in the pass itself); [`CpuFfn`] runs them all on the CPU, and
+//! `GpuFfn` (feature `gpu`) runs each layer's hot neurons on the GPU while the CPU computes the
+//! cold ones.
+//!
+//! [`hot_neurons`] chooses the hot set for a VRAM budget with a simple rule; the placement
+//! planner replaces it (it returns the same shape: per layer, the sorted hot neuron ids).
+
+use crate::cpu::{self, Matrix};
+use crate::gguf::{MetaArray, MetaValue};
+use crate::model::{LayerWeights, Model, Weight};
+use crate::Result;
+
+/// One of a layer's FFN matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnTensor {
+    /// `ffn_gate` (`n_ff × n_embd`).
+    Gate,
+    /// `ffn_up` (`n_ff × n_embd`).
+    Up,
+    /// `ffn_down` (`n_embd × n_ff`, row-major).
+    Down,
+}
+
+impl FfnTensor {
+    /// The tensor's weight in `layer` (`None`: a `Down` the file only has neuron-major).
+    pub fn weight(self, layer: &LayerWeights) -> Option<&Weight> {
+        match self {
+            FfnTensor::Gate => Some(&layer.gate),
+            FfnTensor::Up => Some(&layer.up),
+            FfnTensor::Down => layer.down.as_ref(),
+        }
+    }
+}
+
+/// Runs the FFN's matrix products of one layer for `n` token rows.
+pub trait FfnOffload: Send + Sync {
+    /// `W · x` over every row of the layer's `which` (`n × rows`), as `cpu::matmul` computes it.
+    fn matmul(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>>;
+
+    /// The sorted rows `rows` of gate or up times `x` (`n × rows.len()`), as
+    /// `cpu::gather_matmul` computes them.
+    fn gather(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>>;
+
+    /// [`FfnOffload::gather`] of gate and of up over the same rows: `(gate, up)`.
+    fn gather_gate_up(
+        &self,
+        model: &Model,
+        il: usize,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let gate = self.gather(model, il, FfnTensor::Gate, rows, x, n)?;
+        let up = self.gather(model, il, FfnTensor::Up, rows, x, n)?;
+        Ok((gate, up))
+    }
+
+    /// The down projection over the neuron-major `ffn_down_t` with coefficients `a`
+    /// (`n × n_ff`, already rounded as `cpu::matmul` rounds its input), `n × n_embd`.
+    fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>>;
+}
+
+/// Every FFN product on the CPU.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuFfn;
+
+/// The layer's `which` weight, or an error naming it.
+pub(crate) fn ffn_weight(model: &Model, il: usize, which: FfnTensor) -> Result<&Weight> {
+    which
+        .weight(&model.layers[il])
+        .ok_or_else(|| crate::Error::Tensor {
+            tensor: format!("blk.{il}.ffn_down.weight"),
+            message: "the file has only the neuron-major ffn_down_t".into(),
+        })
+}
+
+/// The layer's neuron-major down projection, or an error naming it.
+pub(crate) fn down_t(model: &Model, il: usize) -> Result<Matrix<'_>> {
+    let w = model.layers[il]
+        .down_t
+        .as_ref()
+        .ok_or_else(|| crate::Error::Tensor {
+            tensor: format!("blk.{il}.ffn_down_t.weight"),
+            message: "the sparse down projection needs the neuron-major copy".into(),
+        })?;
+    Ok(model.matrix(w))
+}
+
+impl FfnOffload for CpuFfn {
+    fn matmul(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let w = ffn_weight(model, il, which)?;
+        let mut y = vec![0f32; n * w.rows];
+        cpu::matmul(&model.matrix(w), x, n, &mut y)?;
+        Ok(y)
+    }
+
+    fn gather(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let w = ffn_weight(model, il, which)?;
+        let mut y = vec![0f32; n * rows.len()];
+        cpu::gather_matmul(&model.matrix(w), rows, x, n, &mut y)?;
+        Ok(y)
+    }
+
+    fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; n * model.hp.n_embd];
+        cpu::sparse_axpy(&down_t(model, il)?, a, n, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Bytes one neuron of layer `il` takes on the GPU: its gate and up rows, and its down column
+/// (its `ffn_down_t` row, or its share of `ffn_down`).
+pub fn neuron_bytes(model: &Model, il: usize) -> u64 {
+    let l = &model.layers[il];
+    let row = |w: &Weight| (w.cols / w.ty.block_size() * w.ty.block_bytes()) as u64;
+    let down = match (&l.down_t, &l.down) {
+        (Some(t), _) => row(t),
+        (None, Some(d)) => d.rows as u64 * row(d) / d.cols.max(1) as u64,
+        (None, None) => 0,
+    };
+    row(&l.gate) + row(&l.up) + down
+}
+
+/// Bytes of every layer's FFN weights (what "all on the GPU" means for a budget).
+pub fn ffn_bytes(model: &Model) -> u64 {
+    (0..model.hp.n_layer)
+        .map(|il| neuron_bytes(model, il) * model.hp.n_ff as u64)
+        .sum()
+}
+
+/// The metadata key prefix of per-neuron activation frequencies (`{prefix}.{layer}`), as
+/// `hotcold calibrate` writes them.
+pub const FREQUENCY_KEY_PREFIX: &str = "hotcold.activation_frequency";
+
+/// The hot neurons of each layer (sorted ids) for a GPU budget in bytes, by a simple rule until
+/// the placement planner lands:
+/// - a model whose every layer has `ffn_down_t` (neuron-sparse): the most frequently active
+///   neurons over all layers (frequencies from the file's `hotcold.activation_frequency.N`; without
+///   them every layer gets the same share, lowest ids first), as many as the budget holds;
+/// - otherwise (dense down): whole layers, first to last, while they fit.
+///
+/// `usable(il)` says whether layer `il` can run on the GPU at all (its weight types).
+pub fn hot_neurons(model: &Model, budget: u64, usable: impl Fn(usize) -> bool) -> Vec<Vec<u32>> {
+    let (n_layer, n_ff) = (model.hp.n_layer, model.hp.n_ff);
+    let mut hot = vec![Vec::new(); n_layer];
+    if model.layers.iter().all(|l| l.down_t.is_some()) {
+        let freq: Vec<Option<Vec<f32>>> = (0..n_layer)
+            .map(
+                |il| match model.file().get(&format!("{FREQUENCY_KEY_PREFIX}.{il}")) {
+                    Some(MetaValue::Array(MetaArray::F32(f))) if f.len() == n_ff => Some(f.clone()),
+                    _ => None,
+                },
+            )
+            .collect();
+        // (score, layer, neuron), best first: frequency, else the rank within the layer.
+        let mut order: Vec<(f32, usize, u32)> = (0..n_layer)
+            .filter(|&il| usable(il))
+            .flat_map(|il| {
+                let f = freq[il].clone();
+                (0..n_ff as u32).map(move |i| {
+                    let score = f.as_ref().map_or(-(i as f32), |f| f[i as usize]);
+                    (score, il, i)
+                })
+            })
+            .collect();
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut left = budget;
+        for (_, il, i) in order {
+            let cost = neuron_bytes(model, il);
+            if cost > left {
+                break;
+            }
+            left -= cost;
+            hot[il].push(i);
+        }
+        hot.iter_mut().for_each(|h| h.sort_unstable());
+    } else {
+        let mut left = budget;
+        for (il, h) in hot.iter_mut().enumerate() {
+            let cost = neuron_bytes(model, il) * n_ff as u64;
+            if !usable(il) || cost > left {
+                break;
+            }
+            left -= cost;
+            *h = (0..n_ff as u32).collect();
+        }
+    }
+    hot
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::synth::{self, SynthConfig};
+
+    fn tiny(frequencies: Option<&[Vec<f32>]>) -> Model {
+        let cfg = SynthConfig::preset("tiny").unwrap();
+        let (mut writer, _) = synth::build(&cfg).unwrap();
+        for (il, f) in frequencies.into_iter().flatten().enumerate() {
+            writer.set(
+                format!("{FREQUENCY_KEY_PREFIX}.{il}"),
+                MetaValue::Array(MetaArray::F32(f.clone())),
+            );
+        }
+        let file = GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap();
+        Model::from_file(Arc::new(file)).unwrap()
+    }
+
+    #[test]
+    fn the_budget_is_respected_and_shared_between_layers() {
+        let model = tiny(None);
+        let per = neuron_bytes(&model, 0);
+        let n_ff = model.hp.n_ff;
+        assert_eq!(ffn_bytes(&model), per * (n_ff * model.hp.n_layer) as u64);
+        let hot = hot_neurons(&model, per * 10 + per / 2, |_| true);
+        assert_eq!(hot.iter().map(Vec::len).sum::<usize>(), 10);
+        // Without statistics the layers share alike, lowest ids first.
+        assert_eq!(hot[0], (0..5).collect::<Vec<u32>>());
+        assert_eq!(hot[1], (0..5).collect::<Vec<u32>>());
+        let all = hot_neurons(&model, u64::MAX, |_| true);
+        assert!(all.iter().all(|h| h.len() == n_ff));
+        let none = hot_neurons(&model, u64::MAX, |il| il == 1);
+        assert!(none[0].is_empty() && none[1].len() == n_ff);
+    }
+
+    #[test]
+    fn activation_frequencies_choose_the_hot_neurons() {
+        let n_ff = tiny(None).hp.n_ff;
+        // Layer 1's last neurons fire most, then layer 0's neuron 7.
+        let mut f0 = vec![0.01f32; n_ff];
+        f0[7] = 0.5;
+        let mut f1 = vec![0.0f32; n_ff];
+        f1[n_ff - 3..].fill(0.9);
+        let model = tiny(Some(&[f0, f1]));
+        let per = neuron_bytes(&model, 0);
+        let hot = hot_neurons(&model, per * 4, |_| true);
+        assert_eq!(hot[0], vec![7]);
+        let n = n_ff as u32;
+        assert_eq!(hot[1], vec![n - 3, n - 2, n - 1]);
+    }
+}

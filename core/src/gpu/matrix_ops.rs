@@ -1,0 +1,416 @@
+//! Matrix kernels on the GPU: dense and gathered matvec, the sparse axpy, the predictor MLP. Each
+//! takes f32 activations, quantises them on the CPU exactly as the CPU's `matmul` does, and runs
+//! the integer block dot products on the GPU. `submit_*` return at once (the CPU can work
+//! meanwhile); [`Pending::wait`] reads the result.
+
+use super::context::{GpuContext, Pending};
+use super::pipelines::{grid, WG};
+use super::shaders::Shader;
+use super::weights::{type_id, GpuMatrix, AXPY_TYPES};
+use crate::cpu::{quantize_like_matmul, ActKind};
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+/// `matvec.wgsl`'s parameters.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatvecParams {
+    cols: u32,
+    row_bytes: u32,
+    count: u32,
+    y_stride: u32,
+    y_off: u32,
+    first: u32,
+    row_base: u32,
+    y_base: u32,
+}
+
+/// `sparse_axpy.wgsl`'s parameters.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AxpyParams {
+    cols: u32,
+    row_bytes: u32,
+    count: u32,
+    first: u32,
+    a_stride: u32,
+    row_base: u32,
+    n_tokens: u32,
+    _pad: u32,
+}
+
+/// Quantised activations on the GPU: float values, quants, scales, Q8_K sums.
+struct ActBuffers {
+    f: wgpu::Buffer,
+    q: wgpu::Buffer,
+    d: wgpu::Buffer,
+    b: wgpu::Buffer,
+}
+
+/// Post-processing of a matvec's outputs.
+#[derive(Clone, Copy, Default)]
+struct Epilogue {
+    relu: bool,
+    round_f16: bool,
+}
+
+fn check_x(w: &GpuMatrix, x: &[f32], n: usize) -> Result<()> {
+    if n.checked_mul(w.cols) != Some(x.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n} tokens × {} columns",
+            x.len(),
+            w.cols
+        )));
+    }
+    Ok(())
+}
+
+fn check_rows(w: &GpuMatrix, rows: &[u32]) -> Result<()> {
+    match rows.iter().find(|&&r| r as usize >= w.rows) {
+        Some(bad) => Err(Error::InvalidArgument(format!(
+            "row {bad} out of range: {} rows are on the GPU",
+            w.rows
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl GpuContext {
+    /// Uploads `x` quantised for weights of type `ty`.
+    fn upload_acts(&self, ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<ActBuffers> {
+        let acts = quantize_like_matmul(ty, x, n, cols)?;
+        let float = matches!(acts.kind, ActKind::F32 | ActKind::F16);
+        let empty: &[u8] = &[];
+        let bsums: Vec<i32> = if acts.kind == ActKind::Q8K {
+            acts.bsums[..n * cols / 256 * 16]
+                .iter()
+                .map(|&v| i32::from(v))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(ActBuffers {
+            f: self.storage(
+                "x",
+                if float {
+                    bytemuck::cast_slice(&acts.f[..n * cols])
+                } else {
+                    empty
+                },
+            ),
+            q: self.storage(
+                "xq",
+                if float {
+                    empty
+                } else {
+                    bytemuck::cast_slice(&acts.q[..n * cols])
+                },
+            ),
+            d: self.storage(
+                "xd",
+                if float {
+                    empty
+                } else {
+                    bytemuck::cast_slice(&acts.d[..n * acts.nb()])
+                },
+            ),
+            b: self.storage("xb", bytemuck::cast_slice(&bsums)),
+        })
+    }
+
+    /// Records the matvec dispatches of `w` for the held rows `rows` (gathered) or all rows.
+    #[allow(clippy::too_many_arguments)]
+    fn record_matvec(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        w: &GpuMatrix,
+        rows: Option<&[u32]>,
+        acts: &ActBuffers,
+        n: usize,
+        (y, y_base): (&wgpu::Buffer, usize),
+        epilogue: Epilogue,
+    ) {
+        let gather = rows.is_some();
+        let pipeline = self.pipeline(
+            Shader::Matvec,
+            "main",
+            &[
+                ("WTYPE", type_id(w.ty)),
+                ("GATHER", f64::from(u8::from(gather))),
+                ("RELU", f64::from(u8::from(epilogue.relu))),
+                ("ROUND_F16", f64::from(u8::from(epilogue.round_f16))),
+            ],
+        );
+        let y_stride = rows.map_or(w.rows, <[u32]>::len);
+        let idx = self.storage("rows", bytemuck::cast_slice(rows.unwrap_or(&[])));
+        for chunk in &w.chunks {
+            // The outputs of this chunk: its rows (dense), or the indices that fall in it (the
+            // index list is sorted within each chunk's range; find the contiguous run).
+            let (first, count, y_off) = match rows {
+                None => (0, chunk.rows, chunk.first),
+                Some(rows) => {
+                    let lo = rows.partition_point(|&r| (r as usize) < chunk.first);
+                    let hi = rows.partition_point(|&r| (r as usize) < chunk.first + chunk.rows);
+                    (lo, hi - lo, lo)
+                }
+            };
+            if count == 0 || n == 0 {
+                continue;
+            }
+            let params = self.uniform(&MatvecParams {
+                cols: w.cols as u32,
+                row_bytes: w.row_bytes as u32,
+                count: count as u32,
+                y_stride: y_stride as u32,
+                y_off: y_off as u32,
+                first: first as u32,
+                row_base: chunk.first as u32,
+                y_base: y_base as u32,
+            });
+            let [gx, gy] = grid(count as u32);
+            self.dispatch(
+                encoder,
+                &pipeline,
+                &[
+                    &chunk.buffer,
+                    &acts.f,
+                    &acts.q,
+                    &acts.d,
+                    &acts.b,
+                    &idx,
+                    y,
+                    &params,
+                ],
+                [gx, gy, n as u32],
+            );
+        }
+    }
+
+    /// Submits `y = W · x` over every held row of `w` for `n` token rows (`y` is `n × w.rows`).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a wrong `x` length.
+    pub fn submit_matvec(&self, w: &GpuMatrix, x: &[f32], n: usize) -> Result<Pending> {
+        self.submit_products(w, None, x, n, Epilogue::default())
+    }
+
+    /// Submits the gathered product `y[t][k] = dot(held row rows[k], x_t)` (`y` is
+    /// `n × rows.len()`). `rows` must be sorted (it may repeat).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an unsorted or out-of-range index or a wrong `x`.
+    pub fn submit_gather_matvec(
+        &self,
+        w: &GpuMatrix,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Pending> {
+        check_rows(w, rows)?;
+        if !rows.is_sorted() {
+            return Err(Error::InvalidArgument(
+                "gathered rows must be sorted".into(),
+            ));
+        }
+        self.submit_products(w, Some(rows), x, n, Epilogue::default())
+    }
+
+    fn submit_products(
+        &self,
+        w: &GpuMatrix,
+        rows: Option<&[u32]>,
+        x: &[f32],
+        n: usize,
+        epilogue: Epilogue,
+    ) -> Result<Pending> {
+        check_x(w, x, n)?;
+        let acts = self.upload_acts(w.ty, x, n, w.cols)?;
+        let n_out = n * rows.map_or(w.rows, <[u32]>::len);
+        let y = self.output("y", n_out);
+        let mut encoder = self.encoder();
+        self.record_matvec(&mut encoder, w, rows, &acts, n, (&y, 0), epilogue);
+        Ok(self.submit_read(encoder, &y, n_out))
+    }
+
+    /// Submits the gathered products of two matrices of the same type and width over the same
+    /// rows and input (an FFN's gate and up), quantising and uploading `x` once and reading both
+    /// back at once: the result is `w1`'s `n × rows.len()` outputs followed by `w2`'s.
+    ///
+    /// Errors: as [`GpuContext::submit_gather_matvec`], and [`Error::InvalidArgument`] when the
+    /// matrices differ in type or width.
+    pub fn submit_gather_matvec_pair(
+        &self,
+        w1: &GpuMatrix,
+        w2: &GpuMatrix,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Pending> {
+        if w1.ty != w2.ty || w1.cols != w2.cols {
+            return Err(Error::InvalidArgument(format!(
+                "a pair of products needs one type and width ({} × {}, {} × {})",
+                w1.ty, w1.cols, w2.ty, w2.cols
+            )));
+        }
+        check_rows(w1, rows)?;
+        check_rows(w2, rows)?;
+        check_x(w1, x, n)?;
+        if !rows.is_sorted() {
+            return Err(Error::InvalidArgument(
+                "gathered rows must be sorted".into(),
+            ));
+        }
+        let acts = self.upload_acts(w1.ty, x, n, w1.cols)?;
+        let half = n * rows.len();
+        let y = self.output("y", 2 * half);
+        let mut encoder = self.encoder();
+        for (w, base) in [(w1, 0), (w2, half)] {
+            let e = Epilogue::default();
+            self.record_matvec(&mut encoder, w, Some(rows), &acts, n, (&y, base), e);
+        }
+        Ok(self.submit_read(encoder, &y, 2 * half))
+    }
+
+    /// [`GpuContext::submit_matvec`], waited for.
+    pub fn matvec(&self, w: &GpuMatrix, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        self.submit_matvec(w, x, n)?.wait(self)
+    }
+
+    /// [`GpuContext::submit_gather_matvec`], waited for.
+    pub fn gather_matvec(
+        &self,
+        w: &GpuMatrix,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        self.submit_gather_matvec(w, rows, x, n)?.wait(self)
+    }
+
+    /// Submits the sparse down projection: `out[t] = Σ_k a[t][k] · held row rows[k]` of the
+    /// neuron-major `w_t` (`a` is `n × rows.len()`, already rounded as the CPU's `matmul` rounds
+    /// its input; `out` is `n × w_t.cols`). Zero coefficients are skipped; `rows` must be sorted.
+    ///
+    /// Errors: [`Error::UnsupportedType`] for a type the axpy kernel does not read,
+    /// [`Error::InvalidArgument`] for bad indices or lengths.
+    pub fn submit_sparse_axpy(
+        &self,
+        w_t: &GpuMatrix,
+        rows: &[u32],
+        a: &[f32],
+        n: usize,
+    ) -> Result<Pending> {
+        if !AXPY_TYPES.contains(&w_t.ty) {
+            return Err(Error::UnsupportedType {
+                ty: w_t.ty.name(),
+                op: "the GPU sparse axpy",
+            });
+        }
+        check_rows(w_t, rows)?;
+        if !rows.is_sorted() {
+            return Err(Error::InvalidArgument("axpy rows must be sorted".into()));
+        }
+        if n.checked_mul(rows.len()) != Some(a.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "a has {} values, expected {n} tokens × {} rows",
+                a.len(),
+                rows.len()
+            )));
+        }
+        let pipeline = self.pipeline(Shader::SparseAxpy, "main", &[("WTYPE", type_id(w_t.ty))]);
+        let n_out = n * w_t.cols;
+        let y = self.output("axpy", n_out);
+        let a_buf = self.storage("a", bytemuck::cast_slice(a));
+        let idx = self.storage("rows", bytemuck::cast_slice(rows));
+        let mut encoder = self.encoder();
+        encoder.clear_buffer(&y, 0, None);
+        for chunk in &w_t.chunks {
+            let lo = rows.partition_point(|&r| (r as usize) < chunk.first);
+            let hi = rows.partition_point(|&r| (r as usize) < chunk.first + chunk.rows);
+            if hi == lo || n == 0 {
+                continue;
+            }
+            let params = self.uniform(&AxpyParams {
+                cols: w_t.cols as u32,
+                row_bytes: w_t.row_bytes as u32,
+                count: (hi - lo) as u32,
+                first: lo as u32,
+                a_stride: rows.len() as u32,
+                row_base: chunk.first as u32,
+                n_tokens: n as u32,
+                _pad: 0,
+            });
+            self.dispatch(
+                &mut encoder,
+                &pipeline,
+                &[&chunk.buffer, &a_buf, &idx, &y, &params],
+                [(w_t.cols as u32).div_ceil(WG), n as u32, 1],
+            );
+        }
+        Ok(self.submit_read(encoder, &y, n_out))
+    }
+
+    /// [`GpuContext::submit_sparse_axpy`], waited for.
+    pub fn sparse_axpy(
+        &self,
+        w_t: &GpuMatrix,
+        rows: &[u32],
+        a: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        self.submit_sparse_axpy(w_t, rows, a, n)?.wait(self)
+    }
+
+    /// PowerInfer's predictor logits `fc2 · relu(fc1 · x)` (`n × fc2.rows`), both layers on the
+    /// GPU in one submission. The hidden layer is rounded on the GPU as the CPU's `matmul`
+    /// rounds `fc2`'s input, so `fc2` must be F32 or F16.
+    ///
+    /// Errors: [`Error::UnsupportedType`] for another `fc2` type, [`Error::InvalidArgument`]
+    /// for mismatched shapes.
+    pub fn predictor(
+        &self,
+        fc1: &GpuMatrix,
+        fc2: &GpuMatrix,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        if !matches!(fc2.ty, GgmlType::F32 | GgmlType::F16) {
+            return Err(Error::UnsupportedType {
+                ty: fc2.ty.name(),
+                op: "the GPU predictor's second layer",
+            });
+        }
+        if fc2.cols != fc1.rows {
+            return Err(Error::InvalidArgument(format!(
+                "fc1 has {} outputs, fc2 takes {}",
+                fc1.rows, fc2.cols
+            )));
+        }
+        check_x(fc1, x, n)?;
+        let acts = self.upload_acts(fc1.ty, x, n, fc1.cols)?;
+        let hidden = self.output("hidden", n * fc1.rows);
+        let mut encoder = self.encoder();
+        let epilogue = Epilogue {
+            relu: true,
+            round_f16: fc2.ty == GgmlType::F16,
+        };
+        self.record_matvec(&mut encoder, fc1, None, &acts, n, (&hidden, 0), epilogue);
+        let empty = self.storage("empty", &[]);
+        let hidden_acts = ActBuffers {
+            f: hidden,
+            q: empty.clone(),
+            d: empty.clone(),
+            b: empty,
+        };
+        let n_out = n * fc2.rows;
+        let y = self.output("logits", n_out);
+        self.record_matvec(
+            &mut encoder,
+            fc2,
+            None,
+            &hidden_acts,
+            n,
+            (&y, 0),
+            Epilogue::default(),
+        );
+        self.submit_read(encoder, &y, n_out).wait(self)
+    }
+}

@@ -1,0 +1,19 @@
+//! The wgpu backend: device, weight buffers, one pipeline per WGSL kernel of `shaders/`, and
+//! dispatch helpers. No model logic: the engine decides what runs here (`engine::gpu_ffn`).
+//!
+//! Kernels take f32 activations and quantise them on the CPU with the CPU kernels' own code, so the
+//! GPU sees the same Q8 quants and scales as `cpu::matmul` and only float summation order differs.
+//! Quantised blocks are read from `array<u32>` with shifts (WGSL has no u8); f16 is decoded and
+//! rounded with integer arithmetic; no optional feature (shader-f16, subgroups) is needed.
+
+mod context;
+mod matrix_ops;
+mod pipelines;
+mod shaders;
+mod vector_ops;
+mod weights;
+
+pub use context::{AdapterChoice, GpuContext, Pending, MAX_BINDING_BYTES};
+pub use shaders::Shader;
+pub use vector_ops::{AttentionShape, RopeSettings};
+pub use weights::{GpuMatrix, AXPY_TYPES, MATVEC_TYPES};

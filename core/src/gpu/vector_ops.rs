@@ -1,0 +1,319 @@
+//! Row and element-wise kernels on the GPU: RMSNorm, RoPE, softmax, attention over an f16 KV
+//! cache, and the FFN's gate/up combine, `x += y`, `x *= s`. Each uploads its inputs, runs, and
+//! reads the result back (they are checked one by one against the CPU's kernels).
+
+use half::f16;
+
+use super::context::GpuContext;
+use super::pipelines::{grid, WG};
+use super::shaders::Shader;
+use crate::cpu::ops::RopeStyle;
+use crate::model::FfnActivation;
+use crate::{Error, Result};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct NormParams {
+    n: u32,
+    eps: f32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeParams {
+    n_heads: u32,
+    head_dim: u32,
+    n_rot: u32,
+    neox: u32,
+    pos0: u32,
+    n_tokens: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttentionParams {
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    head_dim_v: u32,
+    pos0: u32,
+    window: u32,
+    s_stride: u32,
+    scale: f32,
+}
+
+/// The shape of an attention call (as the CPU's attention takes it).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (a divisor of `n_head`).
+    pub n_head_kv: usize,
+    /// Values per query/key head.
+    pub head_dim: usize,
+    /// Values per value head.
+    pub head_dim_v: usize,
+    /// Multiplies the scores.
+    pub scale: f32,
+    /// Sliding window in positions.
+    pub window: Option<usize>,
+}
+
+/// RoPE settings (as `cpu::ops::Rope::new` takes them).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeSettings {
+    /// Pairing of the rotated dimensions.
+    pub style: RopeStyle,
+    /// Rotated dimensions per head.
+    pub n_rot: usize,
+    /// Frequency base.
+    pub freq_base: f32,
+    /// Linear position scale.
+    pub freq_scale: f32,
+}
+
+fn ffn_act_id(act: FfnActivation) -> f64 {
+    match act {
+        FfnActivation::Silu => 0.0,
+        FfnActivation::Gelu => 1.0,
+        FfnActivation::Relu => 2.0,
+        FfnActivation::DRelu => 3.0,
+    }
+}
+
+fn same_len(a: &[f32], b: &[f32], what: &str) -> Result<()> {
+    if a.len() != b.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {} and {} values",
+            a.len(),
+            b.len()
+        )));
+    }
+    Ok(())
+}
+
+impl GpuContext {
+    /// Runs one dispatch of a kernel whose binding 0 is the read-write `x`, returns `x` after it.
+    fn run_in_place(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        constants: &[(&'static str, f64)],
+        x: &[f32],
+        others: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Result<Vec<f32>> {
+        let xb = self.output("x", x.len());
+        self.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        let pipeline = self.pipeline(shader, entry, constants);
+        let mut buffers = vec![&xb];
+        buffers.extend_from_slice(others);
+        let mut encoder = self.encoder();
+        self.dispatch(&mut encoder, &pipeline, &buffers, groups);
+        self.submit_read(encoder, &xb, x.len()).wait(self)
+    }
+
+    /// RMSNorm of each row of `x` (rows of `w.len()` values) with weights `w`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `x` is not a whole number of rows.
+    pub fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+        if w.is_empty() || !x.len().is_multiple_of(w.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "{} values are not rows of {}",
+                x.len(),
+                w.len()
+            )));
+        }
+        let rows = (x.len() / w.len()) as u32;
+        let nw = self.storage("norm", bytemuck::cast_slice(w));
+        let params = self.uniform(&NormParams {
+            n: w.len() as u32,
+            eps,
+            _pad: [0; 2],
+        });
+        let [gx, gy] = grid(rows);
+        if gy > 1 {
+            return Err(Error::InvalidArgument(format!("{rows} rows are too many")));
+        }
+        self.run_in_place(Shader::Norm, "main", &[], x, &[&nw, &params], [gx, 1, 1])
+    }
+
+    /// RoPE of `x` (`n_tokens × n_heads × head_dim`), token `t` at position `pos0 + t`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for inconsistent shapes.
+    pub fn rope(
+        &self,
+        x: &[f32],
+        n_heads: usize,
+        head_dim: usize,
+        rope: RopeSettings,
+        pos0: usize,
+    ) -> Result<Vec<f32>> {
+        let row = n_heads * head_dim;
+        if row == 0 || !x.len().is_multiple_of(row) || rope.n_rot > head_dim {
+            return Err(Error::InvalidArgument(format!(
+                "{} values are not rows of {n_heads} heads × {head_dim} (n_rot {})",
+                x.len(),
+                rope.n_rot
+            )));
+        }
+        let n_tokens = x.len() / row;
+        let params = self.uniform(&RopeParams {
+            n_heads: n_heads as u32,
+            head_dim: head_dim as u32,
+            n_rot: rope.n_rot as u32,
+            neox: u32::from(rope.style == RopeStyle::Neox),
+            pos0: pos0 as u32,
+            n_tokens: n_tokens as u32,
+            theta_scale: rope.freq_base.powf(-2.0 / rope.n_rot as f32),
+            freq_scale: rope.freq_scale,
+        });
+        let groups = [
+            ((rope.n_rot / 2) as u32).div_ceil(WG).max(1),
+            n_heads as u32,
+            n_tokens as u32,
+        ];
+        self.run_in_place(Shader::Rope, "main", &[], x, &[&params], groups)
+    }
+
+    /// Softmax of each row of `x` (rows of `n` values).
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `x` is not a whole number of rows.
+    pub fn softmax(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
+                "{} values are not rows of {n}",
+                x.len()
+            )));
+        }
+        let params = self.uniform(&[n as u32, 0, 0, 0]);
+        let rows = (x.len() / n) as u32;
+        self.run_in_place(Shader::Softmax, "main", &[], x, &[&params], [rows, 1, 1])
+    }
+
+    /// Attention of `q` (`n_tokens × n_head × head_dim`, token `t` at position `pos0 + t`) over
+    /// the cached `keys` and `values` (position-major, `n_head_kv` heads per position, at least
+    /// `pos0 + n_tokens` positions). Returns `n_tokens × n_head × head_dim_v`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for inconsistent shapes or a cache that is too short.
+    pub fn attention(
+        &self,
+        q: &[f32],
+        keys: &[f16],
+        values: &[f16],
+        shape: &AttentionShape,
+        pos0: usize,
+    ) -> Result<Vec<f32>> {
+        let s = shape;
+        let q_row = s.n_head * s.head_dim;
+        let (k_width, v_width) = (s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v);
+        if s.n_head_kv == 0
+            || !s.n_head.is_multiple_of(s.n_head_kv)
+            || q_row == 0
+            || !q.len().is_multiple_of(q_row)
+            || k_width == 0
+            || v_width == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "attention shape {s:?} does not fit {} query values",
+                q.len()
+            )));
+        }
+        let n_tokens = q.len() / q_row;
+        let n_ctx = keys.len() / k_width;
+        if n_ctx < pos0 + n_tokens || values.len() / v_width < pos0 + n_tokens {
+            return Err(Error::InvalidArgument(format!(
+                "the cache holds {n_ctx} positions, {} needed",
+                pos0 + n_tokens
+            )));
+        }
+        let qb = self.storage("q", bytemuck::cast_slice(q));
+        let kb = self.storage("k", bytemuck::cast_slice(keys));
+        let vb = self.storage("v", bytemuck::cast_slice(values));
+        let scratch = self.output("scores", n_tokens * s.n_head * n_ctx);
+        let out_len = n_tokens * s.n_head * s.head_dim_v;
+        let out = self.output("attn", out_len);
+        let params = self.uniform(&AttentionParams {
+            n_head: s.n_head as u32,
+            n_head_kv: s.n_head_kv as u32,
+            head_dim: s.head_dim as u32,
+            head_dim_v: s.head_dim_v as u32,
+            pos0: pos0 as u32,
+            window: s.window.unwrap_or(0) as u32,
+            s_stride: n_ctx as u32,
+            scale: s.scale,
+        });
+        let pipeline = self.pipeline(Shader::Attention, "main", &[]);
+        let mut encoder = self.encoder();
+        self.dispatch(
+            &mut encoder,
+            &pipeline,
+            &[&qb, &kb, &vb, &scratch, &out, &params],
+            [s.n_head as u32, n_tokens as u32, 1],
+        );
+        self.submit_read(encoder, &out, out_len).wait(self)
+    }
+
+    /// The FFN neurons' outputs `act.combine(gate[i], up[i])`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for different lengths.
+    pub fn combine(&self, act: FfnActivation, gate: &[f32], up: &[f32]) -> Result<Vec<f32>> {
+        same_len(gate, up, "combine")?;
+        self.elementwise("combine", &[("ACT", ffn_act_id(act))], gate, up, 1.0)
+    }
+
+    /// `x + y`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for different lengths.
+    pub fn add(&self, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
+        same_len(x, y, "add")?;
+        self.elementwise("add", &[], x, y, 1.0)
+    }
+
+    /// `x · s`.
+    pub fn scale(&self, x: &[f32], s: f32) -> Result<Vec<f32>> {
+        self.elementwise("scale", &[], x, &[], s)
+    }
+
+    fn elementwise(
+        &self,
+        entry: &'static str,
+        constants: &[(&'static str, f64)],
+        x: &[f32],
+        y: &[f32],
+        s: f32,
+    ) -> Result<Vec<f32>> {
+        let yb = self.storage("y", bytemuck::cast_slice(y));
+        let table = self.gelu_table();
+        let params = self.uniform(&NormParams {
+            n: x.len() as u32,
+            eps: s,
+            _pad: [0; 2],
+        });
+        let [gx, gy] = grid((x.len() as u32).div_ceil(WG));
+        self.run_in_place(
+            Shader::Elementwise,
+            entry,
+            constants,
+            x,
+            &[&yb, table, &params],
+            [gx, gy, 1],
+        )
+    }
+
+    /// ggml's GELU table (the f16 of `gelu_tanh(x)` for every f16 `x`), uploaded once.
+    fn gelu_table(&self) -> &wgpu::Buffer {
+        self.gelu.get_or_init(|| {
+            let table: Vec<u16> = (0..=u16::MAX)
+                .map(|bits| {
+                    let x = f16::from_bits(bits).to_f32();
+                    f16::from_f32(crate::cpu::ops::gelu_tanh(x)).to_bits()
+                })
+                .collect();
+            self.storage("gelu", bytemuck::cast_slice(&table))
+        })
+    }
+}

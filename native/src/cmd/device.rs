@@ -1,0 +1,141 @@
+//! `--device` and `--vram-budget`: where the FFN runs, and how much of it goes to the GPU.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use hotcold_core::engine::{ffn_bytes, CpuFfn, FfnOffload, GpuFfn};
+use hotcold_core::gpu::{AdapterChoice, GpuContext};
+use hotcold_core::model::Model;
+
+/// `--device` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// A hardware GPU when wgpu finds one, else the CPU.
+    Auto,
+    /// The CPU only.
+    Cpu,
+    /// A GPU, software adapters (Mesa's lavapipe) included; an error when there is none.
+    Gpu,
+}
+
+/// `--device`, `--vram-budget`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Where the FFN's hot neurons run.
+    #[arg(long = "device", value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    /// FFN weights to place on the GPU: a size (`512MiB`, `8GiB`, `300MB`, bytes) or a share of
+    /// the model's FFN (`50%`). Default: all that fits.
+    #[arg(long = "vram-budget", value_parser = parse_budget)]
+    pub vram_budget: Option<Budget>,
+}
+
+/// A `--vram-budget` value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    /// Bytes.
+    Bytes(u64),
+    /// A share of the FFN's bytes (0..=1).
+    Share(f64),
+}
+
+impl Budget {
+    /// The budget in bytes for `model`.
+    pub fn bytes(self, model: &Model) -> u64 {
+        match self {
+            Budget::Bytes(b) => b,
+            Budget::Share(s) => (ffn_bytes(model) as f64 * s) as u64,
+        }
+    }
+}
+
+/// Parses `24MiB`, `8GiB`, `1.5GB`, `300kB`, `4096`, `50%`.
+pub fn parse_budget(s: &str) -> Result<Budget, String> {
+    let t = s.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad percentage {s:?}"))?;
+        if !(0.0..=100.0).contains(&v) {
+            return Err(format!("{s:?}: a share must be between 0% and 100%"));
+        }
+        return Ok(Budget::Share(v / 100.0));
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("bad size {s:?} (e.g. 512MiB, 8GiB, 50%)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    Ok(Budget::Bytes((v * mult) as u64))
+}
+
+impl DeviceArgs {
+    /// The FFN offload these flags ask for on `model`, and a line describing it for stderr.
+    pub fn offload(&self, model: &Model) -> anyhow::Result<(Arc<dyn FfnOffload>, String)> {
+        let ctx = match self.device {
+            DeviceArg::Cpu => None,
+            DeviceArg::Gpu => Some(GpuContext::new(AdapterChoice::Any).context("--device gpu")?),
+            DeviceArg::Auto => GpuContext::new(AdapterChoice::Hardware).ok(),
+        };
+        let Some(ctx) = ctx else {
+            anyhow::ensure!(
+                self.vram_budget.is_none() || self.device != DeviceArg::Cpu,
+                "--vram-budget needs --device gpu or auto"
+            );
+            let note = match self.vram_budget {
+                Some(_) => "device: cpu (no hardware GPU found; --vram-budget unused)",
+                None => "device: cpu",
+            };
+            return Ok((Arc::new(CpuFfn), note.into()));
+        };
+        let budget = self.vram_budget.map_or(u64::MAX, |b| b.bytes(model));
+        let gpu = GpuFfn::with_budget(ctx.clone(), model, budget)?;
+        let total = ffn_bytes(model);
+        let hot: usize = gpu.hot_counts().iter().sum();
+        let note = format!(
+            "device: {}{}: {:.1} MiB of FFN weights on the GPU ({:.1}% of the FFN, {hot} of {} neurons)",
+            ctx.describe(),
+            if ctx.is_software() {
+                " [software: timings mean nothing]"
+            } else {
+                ""
+            },
+            gpu.bytes() as f64 / (1 << 20) as f64,
+            100.0 * gpu.bytes() as f64 / total.max(1) as f64,
+            model.hp.n_layer * model.hp.n_ff,
+        );
+        Ok((Arc::new(gpu), note))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_parse() {
+        assert_eq!(parse_budget("24MiB"), Ok(Budget::Bytes(24 << 20)));
+        assert_eq!(parse_budget("8GiB"), Ok(Budget::Bytes(8 << 30)));
+        assert_eq!(parse_budget("1.5GB"), Ok(Budget::Bytes(1_500_000_000)));
+        assert_eq!(parse_budget("4096"), Ok(Budget::Bytes(4096)));
+        assert_eq!(parse_budget("50%"), Ok(Budget::Share(0.5)));
+        assert!(parse_budget("12XB").is_err());
+        assert!(parse_budget("150%").is_err());
+        assert!(parse_budget("MiB").is_err());
+    }
+}
