@@ -5,13 +5,17 @@ mod attention;
 mod ffn;
 mod generate;
 mod kv_cache;
+mod norm;
+mod parallel;
 mod perplexity;
+mod positions;
 mod session;
 
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
 pub use generate::{generate, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::KvCache;
 pub use perplexity::{perplexity, ChunkScore};
+pub use positions::OPT_POSITION_OFFSET;
 pub use session::{Logits, Session};
 
 use std::sync::Arc;

@@ -5,9 +5,12 @@ use std::sync::Arc;
 use super::attention::{attend, AttentionShape};
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
+use super::norm::{norm_rows, norm_rows_in_place};
+use super::parallel::parallel_residual;
+use super::positions::add_learned_positions;
 use crate::cpu::ops::{self, Rope};
 use crate::cpu::{self, Matrix};
-use crate::model::{LayerWeights, Model};
+use crate::model::{LayerWeights, Model, Norm};
 use crate::{Error, Result};
 
 /// Which logits an evaluation returns.
@@ -147,9 +150,7 @@ impl<'m> Session<'m> {
             Logits::Last => &x[(n - 1) * hp.n_embd..],
         };
         let mut normed = rows.to_vec();
-        for row in normed.chunks_exact_mut(hp.n_embd) {
-            ops::rms_norm(row, &self.model.output_norm, hp.rms_eps);
-        }
+        norm_rows_in_place(hp, &self.model.output_norm, &mut normed);
         let n_out = normed.len() / hp.n_embd;
         let mut logits = self.matmul(&self.model.output, &normed, n_out)?;
         if let Some(cap) = hp.final_logit_softcap {
@@ -168,13 +169,25 @@ impl<'m> Session<'m> {
                 ops::scale(row, hp.embed_scale);
             }
         }
+        add_learned_positions(self.model, &mut x, self.n_past)?;
         Ok(x)
     }
 
     /// One transformer block on the residual stream `x` (`n` rows).
     fn block(&mut self, il: usize, x: &mut [f32], n: usize) -> Result<()> {
         let layer = &self.model.layers[il];
-        let attn = self.self_attention(il, layer, x, n)?;
+        let h = self.norm_rows(x, &layer.attn_norm);
+        if self.model.hp.arch.parallel_attention() {
+            let attn_in = match &layer.attn_norm_2 {
+                Some(norm) => self.norm_rows(x, norm),
+                None => h.clone(),
+            };
+            let attn = self.self_attention(il, layer, &attn_in, n)?;
+            let ffn = self.feed_forward(il, x, &h, n)?;
+            parallel_residual(x, &attn, ffn);
+            return Ok(());
+        }
+        let attn = self.self_attention(il, layer, &h, n)?;
         residual_add(
             x,
             attn,
@@ -182,16 +195,7 @@ impl<'m> Session<'m> {
             self.model.hp.rms_eps,
         );
         let h = self.norm_rows(x, &layer.ffn_norm);
-        let ffn = feed_forward(
-            self.model,
-            self.ffn_mode,
-            il,
-            x,
-            &h,
-            n,
-            &mut self.density,
-            self.observer.as_mut(),
-        )?;
+        let ffn = self.feed_forward(il, x, &h, n)?;
         residual_add(
             x,
             ffn,
@@ -201,23 +205,37 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
+    /// The FFN of layer `il`: `x` is the predictor's input, `h` the normed FFN input.
+    fn feed_forward(&mut self, il: usize, x: &[f32], h: &[f32], n: usize) -> Result<Vec<f32>> {
+        feed_forward(
+            self.model,
+            self.ffn_mode,
+            il,
+            x,
+            h,
+            n,
+            &mut self.density,
+            self.observer.as_mut(),
+        )
+    }
+
+    /// Self-attention of layer `il` on the normed input `h` (`n` rows).
     fn self_attention(
         &mut self,
         il: usize,
         layer: &LayerWeights,
-        x: &[f32],
+        h: &[f32],
         n: usize,
     ) -> Result<Vec<f32>> {
         let hp = &self.model.hp;
-        let h = self.norm_rows(x, &layer.attn_norm);
         // The three projections run as one parallel region (nested rayon tasks), so the workers
         // synchronise once instead of three times.
         let (q, (k, v)) = rayon::join(
-            || self.projection(&layer.wq, layer.bq.as_deref(), &h, n),
+            || self.projection(&layer.wq, layer.bq.as_deref(), h, n),
             || {
                 rayon::join(
-                    || self.projection(&layer.wk, layer.bk.as_deref(), &h, n),
-                    || self.projection(&layer.wv, layer.bv.as_deref(), &h, n),
+                    || self.projection(&layer.wk, layer.bk.as_deref(), h, n),
+                    || self.projection(&layer.wv, layer.bv.as_deref(), h, n),
                 )
             },
         );
@@ -261,15 +279,11 @@ impl<'m> Session<'m> {
         };
         let mut out = vec![0f32; n * hp.n_head * hp.head_dim_v];
         attend(&self.cache, il, &shape, &q, self.n_past, &mut out);
-        self.matmul(&layer.wo, &out, n)
+        self.projection(&layer.wo, layer.bo.as_deref(), &out, n)
     }
 
-    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let mut out = vec![0f32; x.len()];
-        for (o, row) in out.chunks_exact_mut(w.len()).zip(x.chunks_exact(w.len())) {
-            ops::rms_norm_into(row, w, self.model.hp.rms_eps, o);
-        }
-        out
+    fn norm_rows(&self, x: &[f32], norm: &Norm) -> Vec<f32> {
+        norm_rows(&self.model.hp, norm, x)
     }
 
     fn projection(
