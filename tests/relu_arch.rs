@@ -90,3 +90,235 @@ fn oracle_and_sparse_equal_dense_on_falcon_and_opt() {
         }
     }
 }
+
+/// A plain f32 forward pass written from PowerInfer's `build_falcon` and `build_opt` (dense
+/// weights dequantised by name, nothing shared with the engine): every position's logits.
+mod reference {
+    use hotcold::gguf::GgufFile;
+    use hotcold::quant::dequantize;
+
+    pub struct Reference<'a> {
+        file: &'a GgufFile,
+        arch: &'a str,
+        n_head: usize,
+        n_head_kv: usize,
+        eps: f32,
+    }
+
+    fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
+        w.chunks_exact(x.len())
+            .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    }
+
+    fn add(x: &mut [f32], y: &[f32]) {
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    }
+
+    impl<'a> Reference<'a> {
+        pub fn new(file: &'a GgufFile) -> Reference<'a> {
+            let arch = file.architecture().unwrap();
+            let key = |k: &str| format!("{arch}.{k}");
+            Reference {
+                file,
+                arch,
+                n_head: file.require_u64(&key("attention.head_count")).unwrap() as usize,
+                n_head_kv: file.require_u64(&key("attention.head_count_kv")).unwrap() as usize,
+                eps: file
+                    .get_f32(&key("attention.layer_norm_epsilon"))
+                    .unwrap()
+                    .unwrap(),
+            }
+        }
+
+        fn t(&self, name: &str) -> Vec<f32> {
+            let info = self.file.require_tensor(name).unwrap();
+            let mut out = vec![0f32; info.n_elements() as usize];
+            dequantize(info.ty, self.file.tensor_data(info), &mut out).unwrap();
+            out
+        }
+
+        fn layer_norm(&self, x: &[f32], prefix: &str) -> Vec<f32> {
+            let (w, b) = (
+                self.t(&format!("{prefix}.weight")),
+                self.t(&format!("{prefix}.bias")),
+            );
+            let n = x.len() as f32;
+            let mean = x.iter().sum::<f32>() / n;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+            let s = 1.0 / (var + self.eps).sqrt();
+            x.iter()
+                .zip(w.iter().zip(&b))
+                .map(|(v, (w, b))| (v - mean) * s * w + b)
+                .collect()
+        }
+
+        /// NEOX RoPE (Falcon), base 10000, every dimension of each head rotated.
+        fn rope(x: &mut [f32], head_dim: usize, pos: usize) {
+            let half = head_dim / 2;
+            for head in x.chunks_exact_mut(head_dim) {
+                for i in 0..half {
+                    let theta = pos as f32 * 10000f32.powf(-2.0 * i as f32 / head_dim as f32);
+                    let (s, c) = theta.sin_cos();
+                    let (a, b) = (head[i], head[i + half]);
+                    head[i] = a * c - b * s;
+                    head[i + half] = a * s + b * c;
+                }
+            }
+        }
+
+        pub fn logits(&self, tokens: &[u32]) -> Vec<Vec<f32>> {
+            let falcon = self.arch == "falcon";
+            let embd = self.t("token_embd.weight");
+            let e = self.file.require_tensor("token_embd.weight").unwrap().shape[0] as usize;
+            let n_layer = self
+                .file
+                .require_u64(&format!("{}.block_count", self.arch))
+                .unwrap() as usize;
+            let hd = e / self.n_head;
+            let kv_w = self.n_head_kv * hd;
+            let mut xs: Vec<Vec<f32>> = tokens
+                .iter()
+                .enumerate()
+                .map(|(p, &t)| {
+                    let mut x = embd[t as usize * e..(t as usize + 1) * e].to_vec();
+                    if !falcon {
+                        let pos = self.t("position_embd.weight");
+                        add(&mut x, &pos[(p + 2) * e..(p + 3) * e]);
+                    }
+                    x
+                })
+                .collect();
+            for il in 0..n_layer {
+                let n = |s: &str| format!("blk.{il}.{s}");
+                let (mut keys, mut values) = (Vec::new(), Vec::new());
+                for (p, x) in xs.iter_mut().enumerate() {
+                    let h = self.layer_norm(x, &n("attn_norm"));
+                    let (mut q, mut k, v) = if falcon {
+                        let qkv = matvec(&self.t(&n("attn_qkv.weight")), &h);
+                        (
+                            qkv[..e].to_vec(),
+                            qkv[e..e + kv_w].to_vec(),
+                            qkv[e + kv_w..].to_vec(),
+                        )
+                    } else {
+                        let proj = |role: &str| {
+                            let mut y = matvec(&self.t(&n(&format!("{role}.weight"))), &h);
+                            add(&mut y, &self.t(&n(&format!("{role}.bias"))));
+                            y
+                        };
+                        (proj("attn_q"), proj("attn_k"), proj("attn_v"))
+                    };
+                    if falcon {
+                        Self::rope(&mut q, hd, p);
+                        Self::rope(&mut k, hd, p);
+                    }
+                    keys.push(k);
+                    values.push(v);
+                    let mut out = vec![0f32; e];
+                    for head in 0..self.n_head {
+                        let kvh = head / (self.n_head / self.n_head_kv);
+                        let qh = &q[head * hd..(head + 1) * hd];
+                        let scores: Vec<f32> = keys
+                            .iter()
+                            .map(|k| {
+                                let kh = &k[kvh * hd..(kvh + 1) * hd];
+                                qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>()
+                                    / (hd as f32).sqrt()
+                            })
+                            .collect();
+                        let max = scores.iter().cloned().fold(f32::MIN, f32::max);
+                        let w: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                        let sum: f32 = w.iter().sum();
+                        for (wj, vj) in w.iter().zip(&values) {
+                            for d in 0..hd {
+                                out[head * hd + d] += wj / sum * vj[kvh * hd + d];
+                            }
+                        }
+                    }
+                    let mut attn = matvec(&self.t(&n("attn_output.weight")), &out);
+                    if !falcon {
+                        add(&mut attn, &self.t(&n("attn_output.bias")));
+                    }
+                    // Falcon: the FFN reads the block's input (h); OPT: the residual after attention
+                    let ffn_in = if falcon {
+                        h
+                    } else {
+                        add(x, &attn);
+                        self.layer_norm(x, &n("ffn_norm"))
+                    };
+                    let mut up = matvec(&self.t(&n("ffn_up.weight")), &ffn_in);
+                    if !falcon {
+                        add(&mut up, &self.t(&n("ffn_up.bias")));
+                    }
+                    let down_t = self.t(&n("ffn_down_t.weight"));
+                    let mut ffn = vec![0f32; e];
+                    for (i, u) in up.iter().enumerate() {
+                        if *u > 0.0 {
+                            for (o, w) in ffn.iter_mut().zip(&down_t[i * e..(i + 1) * e]) {
+                                *o += u * w;
+                            }
+                        }
+                    }
+                    if falcon {
+                        add(x, &attn);
+                    } else {
+                        add(&mut ffn, &self.t(&n("ffn_down_t.bias")));
+                    }
+                    add(x, &ffn);
+                }
+            }
+            let head = match self.file.tensor("output.weight") {
+                Some(_) => self.t("output.weight"),
+                None => embd,
+            };
+            xs.iter()
+                .map(|x| matvec(&head, &self.layer_norm(x, "output_norm")))
+                .collect()
+        }
+    }
+}
+
+/// Largest |engine − reference| of a logit on F16 weights: the engine rounds matmul inputs,
+/// queries and attention weights to f16 as ggml does; the reference stays in f32.
+const REFERENCE_TOLERANCE: f32 = 0.02;
+
+#[test]
+fn falcon_and_opt_match_a_plain_reference_forward_pass() {
+    for arch in ARCHS {
+        let mut cfg = SynthConfig::preset("tiny").unwrap();
+        cfg.arch = arch;
+        let (writer, _) = synth::build(&cfg).unwrap();
+        let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let model = Model::from_file(file.clone()).unwrap();
+        let prompt = tok.encode(PROMPT, true, false).unwrap();
+        let expected = reference::Reference::new(&file).logits(&prompt);
+        let mut session = Session::new(&model, 256, thread_pool(2).unwrap());
+        session.set_ffn_mode(FfnMode::Dense).unwrap();
+        let got = session.eval(&prompt, Logits::All).unwrap();
+        let got: Vec<Vec<f32>> = got.chunks(model.hp.n_vocab).map(<[f32]>::to_vec).collect();
+        let worst = max_diff(&expected, &got);
+        let spread = expected
+            .iter()
+            .flatten()
+            .map(|v| v.abs())
+            .fold(0f32, f32::max);
+        eprintln!("{arch:?}: worst logit difference {worst:e} (largest |logit| {spread})");
+        assert!(worst <= REFERENCE_TOLERANCE, "{arch:?}: {worst}");
+        for (p, (a, b)) in expected.iter().zip(&got).enumerate() {
+            let (ra, rb) = (hotcold::sample::argmax(a), hotcold::sample::argmax(b));
+            assert_eq!(ra, rb, "{arch:?}: argmax at position {p}");
+        }
+    }
+}
+
+#[test]
+fn opt_rejects_positions_past_its_table() {
+    let (model, _) = tiny(SynthArch::Opt, GgmlType::Q8_0);
+    assert_eq!(model.hp.n_ctx_train, synth::OPT_POSITIONS - 2);
+    let mut session = Session::new(&model, 4096, thread_pool(1).unwrap());
+    let tokens = vec![5u32; synth::OPT_POSITIONS - 1];
+    let err = session.eval(&tokens, Logits::Last).unwrap_err().to_string();
+    assert!(err.contains("learned positions"), "{err}");
+}
