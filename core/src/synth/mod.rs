@@ -22,6 +22,11 @@
 //!   quantising `ffn_gate`.
 //! - dReLU (`bamboo`): `up_i` gets a weight on dimension 0 so that `up_i·h > 0` for 97% of inputs,
 //!   and the gate's frequency is `f_i / 0.97`, so the product's density is the target.
+//! - `falcon` and `opt` (FFN `relu(up·h)`, LayerNorm with bias): `G` goes into `ffn_up`, and the
+//!   predictor stays exact despite the centring and the biases (see `layer`). Falcon's FFN reads
+//!   the block's input, so its residual RMS counts one addition fewer. OPT's LM head is the token
+//!   embedding; its `output_norm` weight has random signs so that a token's logit does not favour
+//!   the token itself (with tied embeddings and small block outputs, greedy text would repeat).
 //! - `ffn_down_t` is scaled on random residuals so that the FFN adds `alpha` RMS.
 //!
 //! # What PowerInfer's loader requires (read from SJTU-IPADS/PowerInfer's `llama.cpp`)
@@ -33,13 +38,26 @@
 //!   a tensor it does not create is later looked up by name in its context and not found (a null
 //!   pointer), so a file must hold exactly these tensors. `synth` therefore writes `ffn_down_t`
 //!   only (hotcold's loader takes either).
-//! - Required keys (`<arch>.` prefix): `context_length`, `embedding_length`,
+//! - Required keys for `llama` and `bamboo` (`<arch>.` prefix): `context_length`, `embedding_length`,
 //!   `feed_forward_length`, `attention.head_count`, `block_count`,
 //!   `attention.layer_norm_rms_epsilon`, and `tokenizer.ggml.tokens`; optional:
 //!   `attention.head_count_kv`, `rope.dimension_count` (must equal n_embd/n_head),
 //!   `rope.freq_base`, `powerinfer.sparse_threshold` (f32, default 0; the env variable
 //!   `LLAMA_SPARSE_PRED_THRESHOLD` overrides it). A neuron is skipped when its predictor output
 //!   is `< threshold`.
+//! - `falcon` (`build_falcon`, `llm_load_sparse_model_tensors`): `token_embd`, `output_norm`
+//!   weight and bias, `output`; per layer `attn_norm` weight and bias (the FFN's norm too),
+//!   `attn_qkv` {n_embd, n_embd + 2·n_embd_gqa} (all query heads, then the key heads, then the
+//!   value heads: the converter's "jploski" layout), `attn_output`, `ffn_up`, `ffn_down_t`, `fc1`,
+//!   `fc2`; key `attention.layer_norm_epsilon`; NEOX RoPE over whole heads; the predictor reads the
+//!   block's input.
+//! - `opt` (`build_opt`): `token_embd` (also the LM head: no `output`), `position_embd`
+//!   {n_embd, 2050} (PowerInfer hard-codes `n_ctx_train = 2050` and indexes it with position + 2),
+//!   `output_norm` weight and bias; per layer `attn_norm`, `ffn_norm` (weights and biases),
+//!   `attn_q/k/v/output` weights and biases, `ffn_up` weight and bias, `ffn_down_t` weight and bias
+//!   (`ffn_down_t.bias`: the converter renames every `ffn_down` tensor), `fc1`, `fc2`. Its OPT
+//!   reads no epsilon (its LayerNorm uses 0); `synth` writes `attention.layer_norm_epsilon` = 1e-5,
+//!   which hotcold reads.
 //! - Types: its converter writes `fc1`/`fc2` like the other matrices (F16 in an F16 file) and its
 //!   quantiser turns them into Q4_0 (Q4_0 files) or Q5_0; plain ggml matmuls run them, so F16
 //!   works with any weight type. `synth` stores them F16, norms F32.
