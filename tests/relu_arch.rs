@@ -322,3 +322,38 @@ fn opt_rejects_positions_past_its_table() {
     let err = session.eval(&tokens, Logits::Last).unwrap_err().to_string();
     assert!(err.contains("learned positions"), "{err}");
 }
+
+#[test]
+fn q8_0_predictor_copy_keeps_the_sparse_path_exact() {
+    for (arch, ty) in [
+        (SynthArch::Llama, GgmlType::F16),
+        (SynthArch::Falcon, GgmlType::F16),
+        (SynthArch::Opt, GgmlType::Q8_0),
+    ] {
+        let (mut model, tok) = tiny(arch, ty);
+        let prompt = tok.encode(PROMPT, true, false).unwrap();
+        let (dense_tokens, dense) = greedy(&model, FfnMode::Dense, &prompt, 16);
+        let predictor_bytes = |m: &Model| -> u64 {
+            m.layers
+                .iter()
+                .flat_map(|l| l.predictor.as_ref())
+                .map(|p| p.fc1.n_bytes() + p.fc2.n_bytes())
+                .sum()
+        };
+        let before = predictor_bytes(&model);
+        model.quantize_predictors(GgmlType::Q8_0).unwrap();
+        let after = predictor_bytes(&model);
+        assert_eq!(
+            after * 64,
+            before * 34,
+            "{arch:?}: Q8_0 is 34 bytes per 32 values"
+        );
+        let p = model.layers[0].predictor.as_ref().unwrap();
+        assert_eq!((p.fc1.ty, p.fc2.ty), (GgmlType::Q8_0, GgmlType::Q8_0));
+        let (sparse_tokens, sparse) = greedy(&model, FfnMode::Sparse, &prompt, 16);
+        let worst = max_diff(&dense, &sparse);
+        eprintln!("{arch:?} {ty}, Q8_0 predictors: sparse vs dense {worst:e}");
+        assert_eq!(sparse_tokens, dense_tokens, "{arch:?} {ty}");
+        assert!(worst <= ORACLE_TOLERANCE, "{arch:?} {ty}: {worst}");
+    }
+}

@@ -244,6 +244,46 @@ impl Model {
         Ok(())
     }
 
+    /// Re-encodes every layer's predictor (`fc1`, `fc2`) as `ty` in memory, leaving the file as
+    /// it is (PowerInfer-readable). The predictors are read in full for every token, so a Q8_0 copy
+    /// of F16 predictors reads 47% fewer of their bytes; a neuron's predicted logit moves by about
+    /// Q8_0's rounding, well inside the threshold margins `synth` and `calibrate` leave.
+    pub fn quantize_predictors(&mut self, ty: GgmlType) -> Result<()> {
+        for layer in &mut self.layers {
+            let Some(p) = &mut layer.predictor else {
+                continue;
+            };
+            for w in [&mut p.fc1, &mut p.fc2] {
+                if w.ty == ty {
+                    continue;
+                }
+                let m = Matrix {
+                    ty: w.ty,
+                    rows: w.rows,
+                    cols: w.cols,
+                    data: match &w.data {
+                        WeightData::File(info) => self.file.tensor_data(info),
+                        WeightData::Owned(bytes) => bytes,
+                    },
+                };
+                let row_bytes = ty.row_bytes(w.cols as u64).map_err(|e| Error::Tensor {
+                    tensor: w.name.clone(),
+                    message: format!("cannot store as {ty}: {e}"),
+                })? as usize;
+                let mut bytes = vec![0u8; row_bytes * w.rows];
+                let mut row = vec![0f32; w.cols];
+                for (r, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+                    crate::cpu::dequantize_row(&m, r, &mut row)?;
+                    quant::quantize(ty, &row, dst)?;
+                }
+                w.ty = ty;
+                w.name = format!("{} (as {ty})", w.name);
+                w.data = WeightData::Owned(bytes.into());
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of all weight matrices read for one decoded token (every layer's matrices and the
     /// LM head; the embedding row is negligible).
     pub fn bytes_per_token(&self) -> u64 {
