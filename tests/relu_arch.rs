@@ -195,7 +195,12 @@ mod reference {
                 for (p, x) in xs.iter_mut().enumerate() {
                     let h = self.layer_norm(x, &n("attn_norm"));
                     let (mut q, mut k, v) = if falcon {
-                        let qkv = matvec(&self.t(&n("attn_qkv.weight")), &h);
+                        // Falcon-40B: the attention has its own norm, `attn_norm` feeds the FFN
+                        let attn_in = match self.file.tensor(&n("attn_norm_2.weight")) {
+                            Some(_) => self.layer_norm(x, &n("attn_norm_2")),
+                            None => h.clone(),
+                        };
+                        let qkv = matvec(&self.t(&n("attn_qkv.weight")), &attn_in);
                         (
                             qkv[..e].to_vec(),
                             qkv[e..e + kv_w].to_vec(),
@@ -286,15 +291,32 @@ const REFERENCE_TOLERANCE: f32 = 0.02;
 #[test]
 fn falcon_and_opt_match_a_plain_reference_forward_pass() {
     // Falcon-7B's multi-query attention (one KV head) splits the fused QKV unevenly.
-    for (arch, n_head_kv) in [
-        (SynthArch::Falcon, 1),
-        (SynthArch::Falcon, 4),
-        (SynthArch::Opt, 2),
-    ] {
+    // Falcon-40B's second norm (`attn_norm_2`, for the attention) is added to a Falcon file.
+    let cases = [
+        (SynthArch::Falcon, 1, false),
+        (SynthArch::Falcon, 4, true),
+        (SynthArch::Opt, 2, false),
+    ];
+    for (arch, n_head_kv, norm_2) in cases {
         let mut cfg = SynthConfig::preset("tiny").unwrap();
         cfg.arch = arch;
         cfg.n_head_kv = n_head_kv;
-        let (writer, _) = synth::build(&cfg).unwrap();
+        let (mut writer, _) = synth::build(&cfg).unwrap();
+        if norm_2 {
+            for il in 0..cfg.n_layer {
+                for (part, base) in [("weight", 1.0f32), ("bias", 0.0)] {
+                    let values: Vec<u8> = (0..cfg.n_embd)
+                        .map(|j| base + 0.3 * ((j * 7 + il) as f32).sin())
+                        .flat_map(f32::to_le_bytes)
+                        .collect();
+                    let shape = [cfg.n_embd as u64];
+                    let name = format!("blk.{il}.attn_norm_2.{part}");
+                    writer
+                        .add_tensor(name, GgmlType::F32, &shape, values)
+                        .unwrap();
+                }
+            }
+        }
         let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
         let tok = Tokenizer::from_gguf(&file).unwrap();
         let model = Model::from_file(file.clone()).unwrap();
@@ -311,7 +333,7 @@ fn falcon_and_opt_match_a_plain_reference_forward_pass() {
             .map(|v| v.abs())
             .fold(0f32, f32::max);
         eprintln!(
-            "{arch:?}, {n_head_kv} KV heads: worst logit difference {worst:e} (largest |logit| \
+            "{arch:?}, {n_head_kv} KV heads, attn_norm_2 {norm_2}: worst logit difference {worst:e} (largest |logit| \
              {spread})"
         );
         assert!(worst <= REFERENCE_TOLERANCE, "{arch:?}: {worst}");
