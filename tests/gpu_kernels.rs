@@ -129,7 +129,7 @@ fn a_pair_of_gathers_equals_two_gathers() {
     // Gate and up in one submission (one upload of x, one read-back).
     let ctx = gpu();
     let layer = &gemma().layers[0];
-    let (gate, up) = (gemma().matrix(&layer.gate), gemma().matrix(&layer.up));
+    let (gate, up) = (gemma().matrix(gate_of(layer)), gemma().matrix(&layer.up));
     let (g, u) = (
         GpuMatrix::upload(ctx, &gate).unwrap(),
         GpuMatrix::upload(ctx, &up).unwrap(),
@@ -156,7 +156,7 @@ fn the_models_own_tensors_match_cpu() {
     // Gemma's layer-0 FFN in the file's own types (Q4_K_M mixes K-quants with fallbacks).
     let ctx = gpu();
     let layer = &gemma().layers[0];
-    for w in [&layer.gate, &layer.up, layer.down.as_ref().unwrap()] {
+    for w in [gate_of(layer), &layer.up, layer.down.as_ref().unwrap()] {
         let m = gemma().matrix(w);
         let g = GpuMatrix::upload(ctx, &m).unwrap();
         let x = activations(m.cols, 7);
@@ -193,8 +193,8 @@ fn sparse_axpy_matches_cpu() {
     let layer = &gemma().layers[0];
     // Neuron-major down rows: real gate rows stand in (n_ff rows of n_embd).
     let rows = 64;
-    let values = real_rows(&layer.gate, rows);
-    let cols = layer.gate.cols;
+    let values = real_rows(gate_of(layer), rows);
+    let cols = gate_of(layer).cols;
     for ty in [
         GgmlType::F32,
         GgmlType::F16,
@@ -226,7 +226,7 @@ fn sparse_axpy_matches_cpu() {
 fn predictor_matches_cpu() {
     let ctx = gpu();
     let layer = &gemma().layers[0];
-    let (n_embd, rank, n_ff) = (layer.gate.cols, 32, 96);
+    let (n_embd, rank, n_ff) = (gate_of(layer).cols, 32, 96);
     for ty in [GgmlType::F16, GgmlType::F32] {
         let fc1v = real_rows(&layer.up, rank);
         let fc2v: Vec<f32> = real_rows(&layer.wq, n_ff)
@@ -257,10 +257,12 @@ fn rms_norm_rope_softmax_match_cpu() {
     let hp = &gemma().hp;
     let layer = &gemma().layers[0];
     let x = activations(3 * hp.n_embd, 21);
-    let got = ctx.rms_norm(&x, &layer.attn_norm, hp.rms_eps).unwrap();
+    let got = ctx
+        .rms_norm(&x, &layer.attn_norm.weight, hp.rms_eps)
+        .unwrap();
     let mut want = x.clone();
     want.chunks_exact_mut(hp.n_embd)
-        .for_each(|r| ops::rms_norm(r, &layer.attn_norm, hp.rms_eps));
+        .for_each(|r| ops::rms_norm(r, &layer.attn_norm.weight, hp.rms_eps));
     assert_close(&got, &want, 1e-5, "rms_norm");
 
     for style in [ops::RopeStyle::Normal, ops::RopeStyle::Neox] {
@@ -404,4 +406,9 @@ fn bad_arguments_are_errors() {
     let q41 = vec![0u8; GgmlType::Q4_1.row_bytes(32).unwrap() as usize];
     let m41 = Matrix::new(GgmlType::Q4_1, 1, 32, &q41).unwrap();
     assert!(GpuMatrix::upload(ctx, &m41).is_err());
+}
+
+/// Gemma's FFN gate (every Gemma layer has one).
+fn gate_of(layer: &hotcold::model::LayerWeights) -> &hotcold::model::Weight {
+    layer.gate.as_ref().expect("Gemma's FFN has a gate")
 }

@@ -1,6 +1,8 @@
 //! hotcold's sparse path against PowerInfer's CPU build on files that `synth` wrote: the same
 //! greedy tokens from the same prompt ids (reference: `tests/reference/make_powerinfer_refs.sh`,
-//! PowerInfer run with one thread, no repetition penalty, EOS ignored).
+//! PowerInfer run with one thread, no repetition penalty, EOS ignored), on every architecture
+//! `synth` writes (llama, bamboo, falcon, opt). PowerInfer's OPT uses a LayerNorm epsilon of 0
+//! (it reads none); hotcold reads the file's 1e-5: the greedy text is the same.
 //!
 //! F16 files: all 32 tokens, byte for byte (both add `f16(a_i) · w_i` with an FMA). Q4_0 files:
 //! PowerInfer's axpy multiplies the integer `q_w · q_a` by `d_w · d_a` and adds without an FMA,

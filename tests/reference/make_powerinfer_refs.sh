@@ -13,7 +13,8 @@ cargo build -q --release -p hotcold-native
 N=32
 PROMPT="We hold these truths to be self-evident"
 : > tests/data/powerinfer/greedy.jsonl
-for spec in tiny:llama:f16 tiny:llama:q4_0 tiny:bamboo:q4_0 small:llama:q4_0 small:llama:f16; do
+for spec in tiny:llama:f16 tiny:llama:q4_0 tiny:bamboo:q4_0 small:llama:q4_0 small:llama:f16 \
+    tiny:falcon:f16 tiny:falcon:q4_0 tiny:opt:f16 tiny:opt:q4_0; do
   IFS=: read -r preset arch type <<< "$spec"
   file=$TMP/$preset-$arch-$type.gguf
   ./target/release/hotcold synth --preset "$preset" --arch "$arch" --type "$type" --seed 11 -o "$file" >/dev/null

@@ -137,7 +137,9 @@ impl Runner {
                 .layers
                 .iter()
                 .map(|l| {
-                    let ffn = l.gate.n_bytes() + l.up.n_bytes() + l.down_weight().n_bytes();
+                    let ffn = l.gate.as_ref().map_or(0, |g| g.n_bytes())
+                        + l.up.n_bytes()
+                        + l.down_weight().n_bytes();
                     ffn as f64 / hp.n_ff as f64
                 })
                 .collect(),

@@ -8,7 +8,7 @@
 
 use super::offload::{FfnOffload, FfnTensor};
 use crate::cpu;
-use crate::model::{FfnActivation, Model, Predictor, Weight};
+use crate::model::{FfnActivation, LayerWeights, Model, Predictor, Weight};
 use crate::{Error, Result};
 
 /// How the FFN chooses its neurons.
@@ -75,7 +75,8 @@ pub struct FfnTrace<'a> {
     pub layer: usize,
     /// The residual stream entering the FFN, before its norm (`n × n_embd`).
     pub input: &'a [f32],
-    /// The gate pre-activations (`n × n_ff`), in the modes that compute the gate densely.
+    /// The gate pre-activations (`n × n_ff`; up's, with its bias, in an FFN without gate), in the
+    /// modes that compute them densely.
     pub gate: Option<&'a [f32]>,
     /// The FFN activations (`n × n_ff`, zero for skipped neurons).
     pub activations: &'a [f32],
@@ -104,21 +105,29 @@ pub(super) fn feed_forward(
     let n_ff = model.hp.n_ff;
     let (mut a, gate) = match mode {
         FfnMode::Dense => {
-            let (gate, up) = rayon::join(
-                || offload.matmul(model, il, FfnTensor::Gate, h, n),
-                || offload.matmul(model, il, FfnTensor::Up, h, n),
-            );
-            let (gate, up) = (gate?, up?);
-            let a = gate
-                .iter()
-                .zip(&up)
-                .map(|(&g, &u)| act.combine(g, u))
-                .collect();
+            let (decider, up) = match &layer.gate {
+                Some(_) => {
+                    let (gate, up) = rayon::join(
+                        || offload.matmul(model, il, FfnTensor::Gate, h, n),
+                        || offload.matmul(model, il, FfnTensor::Up, h, n),
+                    );
+                    (gate?, Some(up?))
+                }
+                None => (decider_dense(model, offload, il, h, n)?, None),
+            };
+            let a = match up {
+                Some(up) => decider
+                    .iter()
+                    .zip(&up)
+                    .map(|(&g, &u)| act.combine(g, u))
+                    .collect(),
+                None => decider.iter().map(|&u| act.gate(u)).collect(),
+            };
             density.record(il, n * n_ff, n);
-            (a, Some(gate))
+            (a, Some(decider))
         }
         FfnMode::Oracle | FfnMode::Cats => {
-            let gate = offload.matmul(model, il, FfnTensor::Gate, h, n)?;
+            let gate = decider_dense(model, offload, il, h, n)?;
             let threshold = match mode {
                 FfnMode::Cats => cats_threshold(model, il)?,
                 _ => 0.0,
@@ -155,7 +164,34 @@ pub(super) fn feed_forward(
             activations: &a,
         });
     }
-    down_projection(model, offload, il, &mut a, n)
+    let mut out = down_projection(model, offload, il, &mut a, n)?;
+    if let Some(b) = &layer.down_b {
+        out.chunks_exact_mut(b.len())
+            .for_each(|row| cpu::ops::add_assign(row, b));
+    }
+    Ok(out)
+}
+
+/// The pre-activations that decide which neurons fire, for every neuron: the gate's, or in an FFN
+/// without gate up's with its bias.
+fn decider_dense(
+    model: &Model,
+    offload: &dyn FfnOffload,
+    il: usize,
+    h: &[f32],
+    n: usize,
+) -> Result<Vec<f32>> {
+    let layer = &model.layers[il];
+    let which = match layer.gate {
+        Some(_) => FfnTensor::Gate,
+        None => FfnTensor::Up,
+    };
+    let mut y = offload.matmul(model, il, which, h, n)?;
+    if let (None, Some(b)) = (&layer.gate, &layer.up_b) {
+        y.chunks_exact_mut(b.len())
+            .for_each(|row| cpu::ops::add_assign(row, b));
+    }
+    Ok(y)
 }
 
 /// Layer `il`'s CATS threshold (a file without them is rejected when the mode is chosen).
@@ -202,10 +238,35 @@ fn sparse_activations(
     density: &mut FfnDensity,
 ) -> Result<Vec<f32>> {
     let n_ff = model.hp.n_ff;
+    let layer = &model.layers[il];
     let act: FfnActivation = model.hp.ffn_act;
     let union = union_of(chosen, n_ff);
     let m = union.len();
-    let (gate, up) = match dense_gate {
+    let mut a = vec![0f32; n * n_ff];
+    if layer.gate.is_none() {
+        // No gate: up decides and is the neuron's only input.
+        let gathered = match dense_gate {
+            Some(_) => None,
+            None => {
+                let mut up = offload.gather(model, il, FfnTensor::Up, &union, h, n)?;
+                add_up_bias(layer, &union, &mut up);
+                Some(up)
+            }
+        };
+        for (t, set) in chosen.iter().enumerate() {
+            for_each_in_union(set, &union, |i, k| {
+                let u = match (dense_gate, &gathered) {
+                    (Some(dense), _) => dense[t * n_ff + i],
+                    (None, Some(g)) => g[t * m + k],
+                    (None, None) => unreachable!("up is gathered when not given"),
+                };
+                a[t * n_ff + i] = act.gate(u);
+            });
+        }
+        density.record(il, chosen.iter().map(Vec::len).sum(), n);
+        return Ok(a);
+    }
+    let (gate, mut up) = match dense_gate {
         Some(_) => (
             None,
             offload.gather(model, il, FfnTensor::Up, &union, h, n)?,
@@ -215,25 +276,42 @@ fn sparse_activations(
             (Some(gate), up)
         }
     };
-    let mut a = vec![0f32; n * n_ff];
+    add_up_bias(layer, &union, &mut up);
     for (t, set) in chosen.iter().enumerate() {
-        let row = &mut a[t * n_ff..(t + 1) * n_ff];
-        // Walk the token's set and the union together: both are sorted.
-        let mut k = 0;
-        for &i in set {
-            while union[k] != i {
-                k += 1;
-            }
+        for_each_in_union(set, &union, |i, k| {
             let g = match (dense_gate, &gate) {
-                (Some(dense), _) => dense[t * n_ff + i as usize],
+                (Some(dense), _) => dense[t * n_ff + i],
                 (None, Some(gathered)) => gathered[t * m + k],
                 (None, None) => unreachable!("gate is gathered when not given"),
             };
-            row[i as usize] = act.combine(g, up[t * m + k]);
-        }
+            a[t * n_ff + i] = act.combine(g, up[t * m + k]);
+        });
     }
     density.record(il, chosen.iter().map(Vec::len).sum(), n);
     Ok(a)
+}
+
+/// Calls `f(i, k)` for each neuron `i` of the sorted `set`, with `k` its position in the sorted
+/// `union` (a superset): both are walked together.
+fn for_each_in_union(set: &[u32], union: &[u32], mut f: impl FnMut(usize, usize)) {
+    let mut k = 0;
+    for &i in set {
+        while union[k] != i {
+            k += 1;
+        }
+        f(i as usize, k);
+    }
+}
+
+/// Adds up's bias to its gathered pre-activations `y` of the neurons `rows` (`n × rows.len()`).
+fn add_up_bias(layer: &LayerWeights, rows: &[u32], y: &mut [f32]) {
+    if let Some(b) = &layer.up_b {
+        for row in y.chunks_exact_mut(rows.len().max(1)) {
+            row.iter_mut()
+                .zip(rows)
+                .for_each(|(v, &i)| *v += b[i as usize]);
+        }
+    }
 }
 
 /// The sorted union of the per-token index sets.

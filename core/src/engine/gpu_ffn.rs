@@ -51,7 +51,9 @@ impl std::fmt::Debug for GpuFfn {
 pub fn layer_fits_kernels(model: &Model, il: usize) -> bool {
     let l = &model.layers[il];
     let mv = |ty| MATVEC_TYPES.contains(&ty);
-    mv(l.gate.ty)
+    // A gateless FFN (Falcon, OPT: up with a bias) stays on the CPU for now.
+    l.gate.as_ref().is_some_and(|g| mv(g.ty))
+        && l.up_b.is_none()
         && mv(l.up.ty)
         && match (&l.down_t, &l.down) {
             (Some(t), _) => AXPY_TYPES.contains(&t.ty),
@@ -87,6 +89,11 @@ impl GpuFfn {
                 )));
             }
             let l = &model.layers[il];
+            let (Some(gate), None) = (&l.gate, &l.up_b) else {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "layer {il}: an FFN without gate (Falcon, OPT) has no GPU kernels yet"
+                )));
+            };
             let (down_t, down) = match (&l.down_t, &l.down) {
                 (Some(t), _) => (
                     Some(GpuMatrix::upload_rows(&ctx, &model.matrix(t), h)?),
@@ -108,7 +115,7 @@ impl GpuFfn {
             layers.push(Some(GpuLayer {
                 hot: h.clone(),
                 local,
-                gate: GpuMatrix::upload_rows(&ctx, &model.matrix(&l.gate), h)?,
+                gate: GpuMatrix::upload_rows(&ctx, &model.matrix(gate), h)?,
                 up: GpuMatrix::upload_rows(&ctx, &model.matrix(&l.up), h)?,
                 down_t,
                 down,

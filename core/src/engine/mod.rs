@@ -8,8 +8,11 @@ mod generate;
 #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
 mod gpu_ffn;
 mod kv_cache;
+mod norm;
 mod offload;
+mod parallel;
 mod perplexity;
+mod positions;
 mod session;
 
 pub use batch::{Batch, SeqId, Work};
@@ -22,6 +25,7 @@ pub use offload::{
     ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor, FREQUENCY_KEY_PREFIX,
 };
 pub use perplexity::{perplexity, ChunkScore};
+pub use positions::OPT_POSITION_OFFSET;
 pub use session::{Logits, Session};
 
 use std::sync::Arc;

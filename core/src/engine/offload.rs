@@ -23,10 +23,11 @@ pub enum FfnTensor {
 }
 
 impl FfnTensor {
-    /// The tensor's weight in `layer` (`None`: a `Down` the file only has neuron-major).
+    /// The tensor's weight in `layer` (`None`: a `Down` the file only has neuron-major, or the
+    /// `Gate` of a gateless FFN).
     pub fn weight(self, layer: &LayerWeights) -> Option<&Weight> {
         match self {
-            FfnTensor::Gate => Some(&layer.gate),
+            FfnTensor::Gate => layer.gate.as_ref(),
             FfnTensor::Up => Some(&layer.up),
             FfnTensor::Down => layer.down.as_ref(),
         }
@@ -82,12 +83,16 @@ pub struct CpuFfn;
 
 /// The layer's `which` weight, or an error naming it.
 pub(crate) fn ffn_weight(model: &Model, il: usize, which: FfnTensor) -> Result<&Weight> {
-    which
-        .weight(&model.layers[il])
-        .ok_or_else(|| crate::Error::Tensor {
+    which.weight(&model.layers[il]).ok_or_else(|| match which {
+        FfnTensor::Gate => crate::Error::Tensor {
+            tensor: format!("blk.{il}.ffn_gate.weight"),
+            message: "this FFN has no gate".into(),
+        },
+        _ => crate::Error::Tensor {
             tensor: format!("blk.{il}.ffn_down.weight"),
             message: "the file has only the neuron-major ffn_down_t".into(),
-        })
+        },
+    })
 }
 
 /// The layer's neuron-major down projection, or an error naming it.
@@ -149,7 +154,7 @@ pub fn neuron_bytes(model: &Model, il: usize) -> u64 {
         (None, Some(d)) => d.rows as u64 * row(d) / d.cols.max(1) as u64,
         (None, None) => 0,
     };
-    row(&l.gate) + row(&l.up) + down
+    l.gate.as_ref().map_or(0, row) + row(&l.up) + down
 }
 
 /// Bytes of every layer's FFN weights (what "all on the GPU" means for a budget).

@@ -5,12 +5,15 @@ use std::sync::Arc;
 use super::attention::{attend, AttentionShape};
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
+use super::norm::{norm_rows, norm_rows_in_place};
 use super::offload::{CpuFfn, FfnOffload};
+use super::parallel::parallel_residual;
+use super::positions::add_learned_positions;
 use rayon::prelude::*;
 
 use crate::cpu::ops::{self, Rope};
 use crate::cpu::{self, Matrix};
-use crate::model::{LayerWeights, Model};
+use crate::model::{LayerWeights, Model, Norm};
 use crate::{Error, Result};
 
 /// Which logits an evaluation returns.
@@ -220,7 +223,7 @@ impl<'m> Forward<'m> {
         seqs: &mut [SeqRows],
         out_rows: &[usize],
     ) -> Result<Vec<f32>> {
-        let mut x = self.embed(tokens)?;
+        let mut x = self.embed(tokens, seqs)?;
         for il in 0..self.model.hp.n_layer {
             self.block(il, &mut x, seqs)?;
         }
@@ -234,9 +237,7 @@ impl<'m> Forward<'m> {
         for &r in out_rows {
             normed.extend_from_slice(&x[r * hp.n_embd..(r + 1) * hp.n_embd]);
         }
-        for row in normed.chunks_exact_mut(hp.n_embd) {
-            ops::rms_norm(row, &self.model.output_norm, hp.rms_eps);
-        }
+        norm_rows_in_place(hp, &self.model.output_norm, &mut normed);
         let mut logits = self.matmul(&self.model.output, &normed, out_rows.len())?;
         if let Some(cap) = hp.final_logit_softcap {
             logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
@@ -244,7 +245,8 @@ impl<'m> Forward<'m> {
         Ok(logits)
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// The token embeddings of the batch's rows, with each sequence's learned positions (OPT).
+    fn embed(&self, tokens: &[u32], seqs: &[SeqRows]) -> Result<Vec<f32>> {
         let hp = &self.model.hp;
         let table = self.model.matrix(&self.model.token_embd);
         let mut x = vec![0f32; tokens.len() * hp.n_embd];
@@ -254,6 +256,12 @@ impl<'m> Forward<'m> {
                 ops::scale(row, hp.embed_scale);
             }
         }
+        let mut rest = &mut x[..];
+        for seq in seqs {
+            let (rows, tail) = rest.split_at_mut(seq.n * hp.n_embd);
+            add_learned_positions(self.model, rows, seq.n_past)?;
+            rest = tail;
+        }
         Ok(x)
     }
 
@@ -261,7 +269,18 @@ impl<'m> Forward<'m> {
     fn block(&mut self, il: usize, x: &mut [f32], seqs: &mut [SeqRows]) -> Result<()> {
         let layer = &self.model.layers[il];
         let n = x.len() / self.model.hp.n_embd;
-        let attn = self.self_attention(il, layer, x, seqs)?;
+        let h = self.norm_rows(x, &layer.attn_norm);
+        if self.model.hp.arch.parallel_attention() {
+            let attn_in = match &layer.attn_norm_2 {
+                Some(norm) => self.norm_rows(x, norm),
+                None => h.clone(),
+            };
+            let attn = self.self_attention(il, layer, &attn_in, seqs)?;
+            let ffn = self.feed_forward(il, x, &h, n)?;
+            parallel_residual(x, &attn, ffn);
+            return Ok(());
+        }
+        let attn = self.self_attention(il, layer, &h, seqs)?;
         residual_add(
             x,
             attn,
@@ -269,17 +288,7 @@ impl<'m> Forward<'m> {
             self.model.hp.rms_eps,
         );
         let h = self.norm_rows(x, &layer.ffn_norm);
-        let ffn = feed_forward(
-            self.model,
-            &*self.offload,
-            self.ffn_mode,
-            il,
-            x,
-            &h,
-            n,
-            &mut self.density,
-            self.observer.as_mut(),
-        )?;
+        let ffn = self.feed_forward(il, x, &h, n)?;
         residual_add(
             x,
             ffn,
@@ -289,24 +298,39 @@ impl<'m> Forward<'m> {
         Ok(())
     }
 
+    /// The FFN of layer `il`: `x` is the predictor's input, `h` the normed FFN input.
+    fn feed_forward(&mut self, il: usize, x: &[f32], h: &[f32], n: usize) -> Result<Vec<f32>> {
+        feed_forward(
+            self.model,
+            &*self.offload,
+            self.ffn_mode,
+            il,
+            x,
+            h,
+            n,
+            &mut self.density,
+            self.observer.as_mut(),
+        )
+    }
+
+    /// Self-attention of layer `il` on the normed input `h` (`n` rows).
     fn self_attention(
         &mut self,
         il: usize,
         layer: &LayerWeights,
-        x: &[f32],
+        h: &[f32],
         seqs: &mut [SeqRows],
     ) -> Result<Vec<f32>> {
         let hp = &self.model.hp;
-        let n = x.len() / hp.n_embd;
-        let h = self.norm_rows(x, &layer.attn_norm);
+        let n = h.len() / hp.n_embd;
         // The three projections run as one parallel region (nested rayon tasks), so the workers
         // synchronise once instead of three times.
         let (q, (k, v)) = rayon::join(
-            || self.projection(&layer.wq, layer.bq.as_deref(), &h, n),
+            || self.projection(&layer.wq, layer.bq.as_deref(), h, n),
             || {
                 rayon::join(
-                    || self.projection(&layer.wk, layer.bk.as_deref(), &h, n),
-                    || self.projection(&layer.wv, layer.bv.as_deref(), &h, n),
+                    || self.projection(&layer.wk, layer.bk.as_deref(), h, n),
+                    || self.projection(&layer.wv, layer.bv.as_deref(), h, n),
                 )
             },
         );
@@ -372,15 +396,11 @@ impl<'m> Forward<'m> {
         jobs.into_par_iter().for_each(|(cache, n_past, q, out)| {
             attend(cache, il, &shape, q, n_past, out);
         });
-        self.matmul(&layer.wo, &out, n)
+        self.projection(&layer.wo, layer.bo.as_deref(), &out, n)
     }
 
-    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let mut out = vec![0f32; x.len()];
-        for (o, row) in out.chunks_exact_mut(w.len()).zip(x.chunks_exact(w.len())) {
-            ops::rms_norm_into(row, w, self.model.hp.rms_eps, o);
-        }
-        out
+    fn norm_rows(&self, x: &[f32], norm: &Norm) -> Vec<f32> {
+        norm_rows(&self.model.hp, norm, x)
     }
 
     fn projection(

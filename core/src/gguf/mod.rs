@@ -13,7 +13,7 @@ mod writer;
 
 pub use file::{GgufFile, TensorInfo};
 pub use value::{MetaArray, MetaType, MetaValue};
-pub use writer::GgufWriter;
+pub use writer::{write_file_atomically, GgufStream, GgufWriter, TensorDecl};
 
 use crate::quant::GgmlType;
 

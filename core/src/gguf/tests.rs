@@ -303,3 +303,37 @@ fn fuzz_regressions() {
     b.truncate(header_end - 8);
     assert!(matches!(parse(b), Error::Truncated { .. }));
 }
+
+#[test]
+fn stream_checks_order_sizes_and_completeness() {
+    use super::{GgufWriter, Magic, TensorDecl};
+    let decl = |name: &str| TensorDecl {
+        name: name.into(),
+        ty: GgmlType::F32,
+        shape: vec![2],
+    };
+    let mut meta = GgufWriter::new(Magic::Gguf);
+    meta.set("general.architecture", MetaValue::String("llama".into()));
+    let mut whole = GgufWriter::new(Magic::Gguf);
+    whole.set("general.architecture", MetaValue::String("llama".into()));
+    whole
+        .add_tensor("a", GgmlType::F32, &[2], vec![1u8; 8])
+        .unwrap();
+    whole
+        .add_tensor("b", GgmlType::F32, &[2], vec![2u8; 8])
+        .unwrap();
+
+    let mut s = meta.stream(vec![decl("a"), decl("b")], Vec::new()).unwrap();
+    assert!(s.write_tensor("b", &[2u8; 8]).is_err(), "out of order");
+    assert!(s.write_tensor("a", &[1u8; 4]).is_err(), "wrong size");
+    s.write_tensor("a", &[1u8; 8]).unwrap();
+    assert_eq!(s.next_tensor().unwrap().name, "b");
+    s.write_tensor("b", &[2u8; 8]).unwrap();
+    assert!(s.write_tensor("c", &[0u8; 8]).is_err(), "undeclared");
+    assert_eq!(s.finish().unwrap(), whole.to_bytes().unwrap());
+
+    let s = meta.stream(vec![decl("a"), decl("b")], Vec::new()).unwrap();
+    assert!(s.finish().is_err(), "tensors missing");
+    assert!(meta.stream(vec![decl("a"), decl("a")], Vec::new()).is_err());
+    assert!(whole.stream(vec![decl("c")], Vec::new()).is_err());
+}

@@ -89,17 +89,10 @@ impl<'a> GgufWriter<'a> {
             tensor: name.clone(),
             message,
         };
-        if shape.is_empty() || shape.len() > MAX_DIMS {
-            return Err(bad(format!(
-                "{} dimensions (expected 1..={MAX_DIMS})",
-                shape.len()
-            )));
-        }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(bad("added twice".into()));
         }
-        let rows: u64 = shape[1..].iter().product();
-        let expected = ty.row_bytes(shape[0]).map_err(|e| bad(e.to_string()))? * rows;
+        let expected = tensor_bytes(&name, ty, shape)?;
         if data.len() as u64 != expected {
             return Err(bad(format!(
                 "data is {} bytes, shape {shape:?} of {ty} needs {expected}",
@@ -134,10 +127,34 @@ impl<'a> GgufWriter<'a> {
     /// Serialises the whole file.
     pub fn write_to(&self, out: &mut impl Write) -> Result<()> {
         let alignment = self.alignment()?;
+        let infos = self.tensors.iter().map(|t| {
+            (
+                t.name.as_str(),
+                t.ty,
+                t.shape.as_slice(),
+                t.data.len() as u64,
+            )
+        });
+        out.write_all(&self.header(infos, alignment)?)
+            .map_err(io_error)?;
+        for t in &self.tensors {
+            write_padded(out, &t.data, alignment)?;
+        }
+        Ok(())
+    }
+
+    /// The header (magic, metadata, tensor infos, padding) for tensors of these names, types,
+    /// shapes and sizes, laid out one after another in this order.
+    fn header<'t>(
+        &self,
+        tensors: impl Iterator<Item = (&'t str, GgmlType, &'t [u64], u64)>,
+        alignment: u64,
+    ) -> Result<Vec<u8>> {
+        let tensors: Vec<_> = tensors.collect();
         let mut header = Vec::new();
         header.extend_from_slice(self.magic.bytes());
         header.extend_from_slice(&3u32.to_le_bytes());
-        header.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        header.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
         header.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (key, value) in &self.metadata {
             put_string(&mut header, key);
@@ -145,37 +162,61 @@ impl<'a> GgufWriter<'a> {
             put_value(&mut header, value);
         }
         let mut offset = 0u64;
-        for t in &self.tensors {
-            put_string(&mut header, &t.name);
-            header.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-            for d in &t.shape {
+        for (name, ty, shape, n_bytes) in tensors {
+            put_string(&mut header, name);
+            header.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+            for d in shape {
                 header.extend_from_slice(&d.to_le_bytes());
             }
-            let type_id = self.magic.type_id(t.ty).ok_or_else(|| Error::Tensor {
-                tensor: t.name.clone(),
+            let type_id = self.magic.type_id(ty).ok_or_else(|| Error::Tensor {
+                tensor: name.to_string(),
                 message: format!(
                     "type {} has no id in the {} format",
-                    t.ty,
+                    ty,
                     self.magic.format_name()
                 ),
             })?;
             header.extend_from_slice(&type_id.to_le_bytes());
             header.extend_from_slice(&offset.to_le_bytes());
-            offset = (offset + t.data.len() as u64).next_multiple_of(alignment);
+            offset = (offset + n_bytes).next_multiple_of(alignment);
         }
         pad_to(&mut header, alignment);
-        let io = |source| Error::Io {
-            path: "<gguf output>".into(),
-            source,
-        };
-        out.write_all(&header).map_err(io)?;
-        let zeros = vec![0u8; alignment as usize];
-        for t in &self.tensors {
-            out.write_all(&t.data).map_err(io)?;
-            let pad = (t.data.len() as u64).next_multiple_of(alignment) - t.data.len() as u64;
-            out.write_all(&zeros[..pad as usize]).map_err(io)?;
+        Ok(header)
+    }
+
+    /// Starts streaming a file to `out`: writes the header of this writer's metadata and of the
+    /// tensors `declared` (this writer must hold no tensors), whose data then follows one tensor
+    /// at a time through [`GgufStream::write_tensor`], so that the file is never whole in memory.
+    pub fn stream<W: Write>(&self, declared: Vec<TensorDecl>, mut out: W) -> Result<GgufStream<W>> {
+        if !self.tensors.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a streamed file declares all its tensors; this writer already holds some".into(),
+            ));
         }
-        Ok(())
+        let alignment = self.alignment()?;
+        let mut sizes = Vec::with_capacity(declared.len());
+        for (i, t) in declared.iter().enumerate() {
+            if declared[..i].iter().any(|u| u.name == t.name) {
+                return Err(Error::Tensor {
+                    tensor: t.name.clone(),
+                    message: "declared twice".into(),
+                });
+            }
+            sizes.push(tensor_bytes(&t.name, t.ty, &t.shape)?);
+        }
+        let infos = declared
+            .iter()
+            .zip(&sizes)
+            .map(|(t, &n)| (t.name.as_str(), t.ty, t.shape.as_slice(), n));
+        out.write_all(&self.header(infos, alignment)?)
+            .map_err(io_error)?;
+        Ok(GgufStream {
+            out,
+            declared,
+            sizes,
+            next: 0,
+            alignment,
+        })
     }
 
     /// Serialises the whole file into a byte vector.
@@ -188,19 +229,125 @@ impl<'a> GgufWriter<'a> {
     /// Writes the file to `path` (through a temporary file in the same directory, then renamed,
     /// so that a reader never sees half a file).
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let io = |source| Error::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let tmp = path.with_extension("partial");
-        let file = std::fs::File::create(&tmp).map_err(io)?;
-        let mut out = std::io::BufWriter::new(file);
-        self.write_to(&mut out)?;
-        out.flush().map_err(io)?;
-        drop(out);
-        std::fs::rename(&tmp, path).map_err(io)
+        write_file_atomically(path.as_ref(), |out| self.write_to(out))
     }
+}
+
+/// A tensor of a streamed file, declared before its data: name, type and shape (ggml order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDecl {
+    /// The tensor's name.
+    pub name: String,
+    /// Element type.
+    pub ty: GgmlType,
+    /// Dimensions in ggml order.
+    pub shape: Vec<u64>,
+}
+
+/// A GGUF file being streamed (see [`GgufWriter::stream`]): the header is written; the declared
+/// tensors' data follows in declaration order.
+pub struct GgufStream<W: Write> {
+    out: W,
+    declared: Vec<TensorDecl>,
+    sizes: Vec<u64>,
+    next: usize,
+    alignment: u64,
+}
+
+impl<W: Write> GgufStream<W> {
+    /// Writes the data of the next declared tensor, which must be `name` and exactly its size.
+    pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        let Some(decl) = self.declared.get(self.next) else {
+            return Err(Error::Tensor {
+                tensor: name.into(),
+                message: "not declared (all declared tensors are written)".into(),
+            });
+        };
+        if decl.name != name || self.sizes[self.next] != data.len() as u64 {
+            return Err(Error::Tensor {
+                tensor: name.into(),
+                message: format!(
+                    "{} bytes written where {} ({} bytes) was declared next",
+                    data.len(),
+                    decl.name,
+                    self.sizes[self.next]
+                ),
+            });
+        }
+        write_padded(&mut self.out, data, self.alignment)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The tensor whose data comes next, if any.
+    pub fn next_tensor(&self) -> Option<&TensorDecl> {
+        self.declared.get(self.next)
+    }
+
+    /// Checks that every declared tensor was written and returns the output.
+    pub fn finish(self) -> Result<W> {
+        match self.declared.get(self.next) {
+            Some(missing) => Err(Error::Tensor {
+                tensor: missing.name.clone(),
+                message: "declared but never written".into(),
+            }),
+            None => Ok(self.out),
+        }
+    }
+}
+
+/// Writes a file at `path` with `write`, through a temporary file in the same directory that is
+/// renamed when complete, so that a reader never sees half a file.
+pub fn write_file_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>,
+) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let tmp = path.with_extension("partial");
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let mut out = std::io::BufWriter::new(file);
+    let written = write(&mut out).and_then(|()| out.flush().map_err(io));
+    drop(out);
+    match written {
+        Ok(()) => std::fs::rename(&tmp, path).map_err(io),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// The data size of a tensor of `shape` (ggml order) and `ty`; an error for a bad shape.
+fn tensor_bytes(name: &str, ty: GgmlType, shape: &[u64]) -> Result<u64> {
+    let bad = |message: String| Error::Tensor {
+        tensor: name.into(),
+        message,
+    };
+    if shape.is_empty() || shape.len() > MAX_DIMS {
+        return Err(bad(format!(
+            "{} dimensions (expected 1..={MAX_DIMS})",
+            shape.len()
+        )));
+    }
+    let rows: u64 = shape[1..].iter().product();
+    Ok(ty.row_bytes(shape[0]).map_err(|e| bad(e.to_string()))? * rows)
+}
+
+fn io_error(source: std::io::Error) -> Error {
+    Error::Io {
+        path: "<gguf output>".into(),
+        source,
+    }
+}
+
+/// Writes `data` and zeros up to the next multiple of `alignment`.
+fn write_padded(out: &mut impl Write, data: &[u8], alignment: u64) -> Result<()> {
+    out.write_all(data).map_err(io_error)?;
+    let pad = (data.len() as u64).next_multiple_of(alignment) - data.len() as u64;
+    out.write_all(&vec![0u8; pad as usize]).map_err(io_error)
 }
 
 fn pad_to(buf: &mut Vec<u8>, alignment: u64) {

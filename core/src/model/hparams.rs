@@ -15,11 +15,17 @@ pub enum Arch {
     Gemma3,
     /// PowerInfer's Bamboo / TurboSparse-Mistral: the Llama graph with a dReLU FFN (`bamboo`).
     Bamboo,
+    /// Falcon (`falcon`): parallel attention (attention and FFN both read the layer's input),
+    /// LayerNorm with bias, fused QKV, NEOX RoPE, an FFN without gate (`down(act(up·h))`).
+    Falcon,
+    /// OPT (`opt`): LayerNorm with bias, learned positional embeddings, biases on every linear
+    /// layer, no RoPE, an FFN without gate (`down(relu(up·h + b) ) + b`), tied LM head.
+    Opt,
 }
 
 impl Arch {
     /// Every supported architecture name, for error messages.
-    pub const SUPPORTED: &'static str = "llama, qwen2, gemma3, bamboo";
+    pub const SUPPORTED: &'static str = "llama, qwen2, gemma3, bamboo, falcon, opt";
 
     /// The architecture named by `general.architecture`.
     pub fn from_name(name: &str) -> Result<Arch> {
@@ -28,6 +34,8 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "gemma3" => Ok(Arch::Gemma3),
             "bamboo" => Ok(Arch::Bamboo),
+            "falcon" => Ok(Arch::Falcon),
+            "opt" => Ok(Arch::Opt),
             other => Err(Error::Metadata {
                 key: "general.architecture".into(),
                 message: format!(
@@ -37,6 +45,28 @@ impl Arch {
             }),
         }
     }
+
+    /// Whether attention and FFN both read the block's input and add to it together (Falcon).
+    pub fn parallel_attention(self) -> bool {
+        self == Arch::Falcon
+    }
+
+    /// The normalisation the architecture uses everywhere.
+    pub fn norm(self) -> NormKind {
+        match self {
+            Arch::Falcon | Arch::Opt => NormKind::Layer,
+            _ => NormKind::Rms,
+        }
+    }
+}
+
+/// Which normalisation a model uses (its weights and biases live in [`crate::model::Norm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / rms(x) · w` (ggml's `rms_norm`).
+    Rms,
+    /// `(x − mean(x)) / std(x) · w + b` (ggml's `norm`).
+    Layer,
 }
 
 /// The FFN's activation, which also decides which neurons can be skipped.
@@ -47,6 +77,8 @@ pub enum FfnActivation {
     /// `gelu_tanh(gate) * up` (GeGLU).
     Gelu,
     /// `relu(gate) * up` (ReLU Llama-2, ProSparse): a neuron is zero when its gate is not positive.
+    /// In an FFN without gate (Falcon, OPT) the up projection takes the gate's place:
+    /// `relu(up)`.
     Relu,
     /// `relu(gate) * relu(up)` (dReLU: Bamboo, TurboSparse): zero unless both are positive.
     DRelu,
@@ -122,8 +154,10 @@ pub struct HyperParams {
     pub n_vocab: usize,
     /// Context length the model was trained with.
     pub n_ctx_train: usize,
-    /// RMSNorm epsilon.
+    /// Epsilon of the model's norms (RMSNorm, or LayerNorm for falcon and opt).
     pub rms_eps: f32,
+    /// RMSNorm or LayerNorm.
+    pub norm: NormKind,
     /// RoPE pairing.
     pub rope_style: RopeStyle,
     /// Rotated dimensions per head.
@@ -195,12 +229,21 @@ impl HyperParams {
                 message: format!("{n_rot} rotated dimensions for heads of {head_dim}"),
             });
         }
-        let rms_eps = file
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| Error::Metadata {
-                key: key("attention.layer_norm_rms_epsilon"),
-                message: "missing".into(),
-            })?;
+        let eps_key = match arch {
+            Arch::Falcon | Arch::Opt => key("attention.layer_norm_epsilon"),
+            _ => key("attention.layer_norm_rms_epsilon"),
+        };
+        // PowerInfer's OPT converter writes no epsilon; OPT was trained with 1e-5.
+        let rms_eps = match (file.get_f32(&eps_key)?, arch) {
+            (Some(eps), _) => eps,
+            (None, Arch::Opt) => 1e-5,
+            (None, _) => {
+                return Err(Error::Metadata {
+                    key: eps_key,
+                    message: "missing".into(),
+                })
+            }
+        };
         let rope_base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         let rope_freq_scale = match file.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => 1.0,
@@ -244,13 +287,30 @@ impl HyperParams {
                 (n_embd as f32).sqrt(),
                 FfnActivation::Gelu,
             ),
+            // Dense Falcon is GELU; PowerInfer's ReluFalcon (PWRI) is ReLU (below).
+            Arch::Falcon => (
+                RopeStyle::Neox,
+                1.0 / (head_dim as f32).sqrt(),
+                1.0,
+                FfnActivation::Gelu,
+            ),
+            Arch::Opt => (
+                RopeStyle::Normal,
+                1.0 / (head_dim as f32).sqrt(),
+                1.0,
+                FfnActivation::Relu,
+            ),
         };
+        // OPT has no RoPE (learned positions instead).
+        let n_rot = if arch == Arch::Opt { 0 } else { n_rot };
         // The activation: named explicitly, else PowerInfer's convention (a PWRI `llama` file is a
         // ReLU Llama, `bamboo` is dReLU), else the architecture's own.
         let ffn_act = match file.get_str(FfnActivation::KEY)? {
             Some(name) => FfnActivation::from_name(name)?,
             None if arch == Arch::Bamboo => FfnActivation::DRelu,
-            None if file.magic() == crate::gguf::Magic::PowerInfer && arch == Arch::Llama => {
+            None if file.magic() == crate::gguf::Magic::PowerInfer
+                && matches!(arch, Arch::Llama | Arch::Falcon) =>
+            {
                 FfnActivation::Relu
             }
             None => ffn_act,
@@ -270,6 +330,7 @@ impl HyperParams {
             n_vocab: 0,
             n_ctx_train,
             rms_eps,
+            norm: arch.norm(),
             rope_style,
             n_rot,
             rope_base,

@@ -7,6 +7,6 @@ mod hparams;
 mod weights;
 
 pub use hparams::{
-    Arch, FfnActivation, HyperParams, CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY,
+    Arch, FfnActivation, HyperParams, NormKind, CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY,
 };
-pub use weights::{LayerWeights, Model, Predictor, Weight};
+pub use weights::{LayerWeights, Model, Norm, Predictor, Weight};

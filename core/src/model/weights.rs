@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::hparams::{Arch, HyperParams};
+use super::hparams::{Arch, FfnActivation, HyperParams, NormKind};
 use crate::cpu::Matrix;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
@@ -41,22 +41,34 @@ impl Weight {
     }
 }
 
+/// A norm's scale and, for LayerNorm, its bias (the model's [`super::NormKind`] says which).
+#[derive(Clone, Debug)]
+pub struct Norm {
+    /// Per-channel scale.
+    pub weight: Vec<f32>,
+    /// Per-channel bias (LayerNorm models).
+    pub bias: Option<Vec<f32>>,
+}
+
 /// The weights of one transformer block.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    /// RMSNorm before attention.
-    pub attn_norm: Vec<f32>,
+    /// Norm before attention (for Falcon also the FFN's norm: parallel attention).
+    pub attn_norm: Norm,
+    /// Falcon-40B's separate norm of the attention input (`attn_norm_2`; `attn_norm` then feeds
+    /// only the FFN).
+    pub attn_norm_2: Option<Norm>,
     /// Query projection.
     pub wq: Weight,
     /// Key projection.
     pub wk: Weight,
     /// Value projection.
     pub wv: Weight,
-    /// Query bias (Qwen2).
+    /// Query bias (Qwen2, OPT).
     pub bq: Option<Vec<f32>>,
-    /// Key bias (Qwen2).
+    /// Key bias (Qwen2, OPT).
     pub bk: Option<Vec<f32>>,
-    /// Value bias (Qwen2).
+    /// Value bias (Qwen2, OPT).
     pub bv: Option<Vec<f32>>,
     /// Per-head RMSNorm of queries (Gemma 3).
     pub q_norm: Option<Vec<f32>>,
@@ -64,14 +76,20 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     /// Output projection.
     pub wo: Weight,
+    /// Output projection bias (OPT).
+    pub bo: Option<Vec<f32>>,
     /// RMSNorm of the attention output before the residual add (Gemma 3).
     pub post_attn_norm: Option<Vec<f32>>,
-    /// RMSNorm before the FFN.
-    pub ffn_norm: Vec<f32>,
-    /// FFN gate projection.
-    pub gate: Weight,
+    /// Norm before the FFN (Falcon: a copy of `attn_norm`, which the FFN reads).
+    pub ffn_norm: Norm,
+    /// FFN gate projection; `None` for FFNs without gate (Falcon, OPT: `act(up·h)`).
+    pub gate: Option<Weight>,
     /// FFN up projection.
     pub up: Weight,
+    /// FFN up bias (OPT), added before the activation.
+    pub up_b: Option<Vec<f32>>,
+    /// FFN down bias (OPT: `ffn_down.bias`, or `ffn_down_t.bias` in PowerInfer's files).
+    pub down_b: Option<Vec<f32>>,
     /// FFN down projection (`n_embd` rows of `n_ff`), when the file has it.
     pub down: Option<Weight>,
     /// FFN down projection stored neuron-major (`n_ff` rows of `n_embd`: PowerInfer's
@@ -90,6 +108,12 @@ impl LayerWeights {
             .as_ref()
             .or(self.down_t.as_ref())
             .expect("the loader requires ffn_down or ffn_down_t")
+    }
+
+    /// The projection whose pre-activation decides whether a neuron fires: the gate, or up in an
+    /// FFN without gate.
+    pub fn decider(&self) -> &Weight {
+        self.gate.as_ref().unwrap_or(&self.up)
     }
 }
 
@@ -110,10 +134,12 @@ pub struct Model {
     pub hp: HyperParams,
     /// Token embedding (`n_vocab` rows of `n_embd`).
     pub token_embd: Weight,
+    /// Learned positional embedding (OPT: position `p` is row `p + 2`).
+    pub pos_embd: Option<Weight>,
     /// Blocks, in order.
     pub layers: Vec<LayerWeights>,
-    /// Final RMSNorm.
-    pub output_norm: Vec<f32>,
+    /// Final norm.
+    pub output_norm: Norm,
     /// LM head (the token embedding when tied).
     pub output: Weight,
 }
@@ -144,14 +170,23 @@ impl Model {
             Some(_) => loader.matrix("output.weight", Some(hp.n_vocab), hp.n_embd)?,
             None => token_embd.clone(),
         };
+        let pos_embd = match hp.arch {
+            Arch::Opt => Some(loader.matrix("position_embd.weight", None, hp.n_embd)?),
+            _ => None,
+        };
         let layers = (0..hp.n_layer)
             .map(|il| loader.layer(il))
             .collect::<Result<_>>()?;
-        let output_norm = loader.vector("output_norm.weight", hp.n_embd)?;
+        let output_norm = loader.norm("output_norm")?;
+        if let Some(pos) = &pos_embd {
+            // OPT's table has two extra rows (HF's position offset).
+            hp.n_ctx_train = pos.rows.saturating_sub(crate::engine::OPT_POSITION_OFFSET);
+        }
         Ok(Model {
             file: file.clone(),
             hp,
             token_embd,
+            pos_embd,
             layers,
             output_norm,
             output,
@@ -209,13 +244,57 @@ impl Model {
         Ok(())
     }
 
+    /// Re-encodes every layer's predictor (`fc1`, `fc2`) as `ty` in memory, leaving the file as
+    /// it is (PowerInfer-readable). The predictors are read in full for every token, so a Q8_0 copy
+    /// of F16 predictors reads 47% fewer of their bytes; a neuron's predicted logit moves by about
+    /// Q8_0's rounding, well inside the threshold margins `synth` and `calibrate` leave.
+    pub fn quantize_predictors(&mut self, ty: GgmlType) -> Result<()> {
+        for layer in &mut self.layers {
+            let Some(p) = &mut layer.predictor else {
+                continue;
+            };
+            for w in [&mut p.fc1, &mut p.fc2] {
+                if w.ty == ty {
+                    continue;
+                }
+                let m = Matrix {
+                    ty: w.ty,
+                    rows: w.rows,
+                    cols: w.cols,
+                    data: match &w.data {
+                        WeightData::File(info) => self.file.tensor_data(info),
+                        WeightData::Owned(bytes) => bytes,
+                    },
+                };
+                let row_bytes = ty.row_bytes(w.cols as u64).map_err(|e| Error::Tensor {
+                    tensor: w.name.clone(),
+                    message: format!("cannot store as {ty}: {e}"),
+                })? as usize;
+                let mut bytes = vec![0u8; row_bytes * w.rows];
+                let mut row = vec![0f32; w.cols];
+                for (r, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+                    crate::cpu::dequantize_row(&m, r, &mut row)?;
+                    quant::quantize(ty, &row, dst)?;
+                }
+                w.ty = ty;
+                w.name = format!("{} (as {ty})", w.name);
+                w.data = WeightData::Owned(bytes.into());
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of all weight matrices read for one decoded token (every layer's matrices and the
     /// LM head; the embedding row is negligible).
     pub fn bytes_per_token(&self) -> u64 {
         let layer: u64 = self
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, l.down_weight()])
+            .flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.up, l.down_weight()]
+                    .into_iter()
+                    .chain(&l.gate)
+            })
             .map(Weight::n_bytes)
             .sum();
         layer + self.output.n_bytes()
@@ -340,8 +419,62 @@ impl Loader<'_> {
         }
     }
 
+    /// The norm `{prefix}.weight`, with its `{prefix}.bias` when the model uses LayerNorm.
+    fn norm(&self, prefix: &str) -> Result<Norm> {
+        let len = self.hp.n_embd;
+        Ok(Norm {
+            weight: self.vector(&format!("{prefix}.weight"), len)?,
+            bias: match self.hp.norm {
+                NormKind::Layer => Some(self.vector(&format!("{prefix}.bias"), len)?),
+                NormKind::Rms => None,
+            },
+        })
+    }
+
+    /// Q, K and V: separate tensors, or row ranges of Falcon's fused `attn_qkv` (all query
+    /// heads, then the key heads, then the value heads, as llama.cpp's converter lays them out).
+    fn attention_projections(&self, il: usize) -> Result<(Weight, Weight, Weight)> {
+        let hp = self.hp;
+        let n = |role: &str| format!("blk.{il}.{role}");
+        if hp.arch != Arch::Falcon {
+            return Ok((
+                self.matrix(&n("attn_q.weight"), Some(hp.q_width()), hp.n_embd)?,
+                self.matrix(&n("attn_k.weight"), Some(hp.k_width()), hp.n_embd)?,
+                self.matrix(&n("attn_v.weight"), Some(hp.v_width()), hp.n_embd)?,
+            ));
+        }
+        let name = n("attn_qkv.weight");
+        let (q, k, v) = (hp.q_width(), hp.k_width(), hp.v_width());
+        let fused = self.matrix(&name, Some(q + k + v), hp.n_embd)?;
+        let info = match &fused.data {
+            WeightData::File(info) => info,
+            WeightData::Owned(_) => unreachable!("the loader maps file tensors"),
+        };
+        let row_bytes = fused.ty.row_bytes(hp.n_embd as u64)?;
+        let rows = |first: usize, count: usize, part: &str| Weight {
+            name: format!("{name}[{part}]"),
+            ty: fused.ty,
+            rows: count,
+            cols: hp.n_embd,
+            data: WeightData::File(TensorInfo {
+                name: format!("{name}[{part}]"),
+                ty: fused.ty,
+                shape: vec![hp.n_embd as u64, count as u64],
+                offset: info.offset + first as u64 * row_bytes,
+                n_bytes: count as u64 * row_bytes,
+            }),
+        };
+        Ok((rows(0, q, "q"), rows(q, k, "k"), rows(q + k, v, "v")))
+    }
+
     fn layer(&self, il: usize) -> Result<LayerWeights> {
         let layer = self.layer_tensors(il)?;
+        if layer.gate.is_none() && self.hp.ffn_act == FfnActivation::DRelu {
+            return Err(Error::Tensor {
+                tensor: format!("blk.{il}.ffn_gate.weight"),
+                message: "a dReLU FFN needs a gate".into(),
+            });
+        }
         if layer.down.is_none() && layer.down_t.is_none() {
             return Err(Error::Tensor {
                 tensor: format!("blk.{il}.ffn_down.weight"),
@@ -362,14 +495,24 @@ impl Loader<'_> {
                 self.optional_vector(&n(role), len)
             }
         };
+        let (wq, wk, wv) = self.attention_projections(il)?;
+        let attn_norm = self.norm(&n("attn_norm"))?;
+        let (falcon, opt) = (hp.arch == Arch::Falcon, hp.arch == Arch::Opt);
+        let down_b = match self.file.tensor(&n("ffn_down_t.bias")) {
+            Some(_) => Some(self.vector(&n("ffn_down_t.bias"), hp.n_embd)?),
+            None => required_if(opt, "ffn_down.bias", hp.n_embd)?,
+        };
         Ok(LayerWeights {
-            attn_norm: self.vector(&n("attn_norm.weight"), hp.n_embd)?,
-            wq: self.matrix(&n("attn_q.weight"), Some(hp.q_width()), hp.n_embd)?,
-            wk: self.matrix(&n("attn_k.weight"), Some(hp.k_width()), hp.n_embd)?,
-            wv: self.matrix(&n("attn_v.weight"), Some(hp.v_width()), hp.n_embd)?,
-            bq: required_if(hp.arch == Arch::Qwen2, "attn_q.bias", hp.q_width())?,
-            bk: required_if(hp.arch == Arch::Qwen2, "attn_k.bias", hp.k_width())?,
-            bv: required_if(hp.arch == Arch::Qwen2, "attn_v.bias", hp.v_width())?,
+            attn_norm_2: match self.file.tensor(&n("attn_norm_2.weight")) {
+                Some(_) if falcon => Some(self.norm(&n("attn_norm_2"))?),
+                _ => None,
+            },
+            wq,
+            wk,
+            wv,
+            bq: required_if(hp.arch == Arch::Qwen2 || opt, "attn_q.bias", hp.q_width())?,
+            bk: required_if(hp.arch == Arch::Qwen2 || opt, "attn_k.bias", hp.k_width())?,
+            bv: required_if(hp.arch == Arch::Qwen2 || opt, "attn_v.bias", hp.v_width())?,
             q_norm: required_if(gemma, "attn_q_norm.weight", hp.head_dim)?,
             k_norm: required_if(gemma, "attn_k_norm.weight", hp.head_dim)?,
             wo: self.matrix(
@@ -377,12 +520,22 @@ impl Loader<'_> {
                 Some(hp.n_embd),
                 hp.n_head * hp.head_dim_v,
             )?,
+            bo: required_if(opt, "attn_output.bias", hp.n_embd)?,
             post_attn_norm: required_if(gemma, "post_attention_norm.weight", hp.n_embd)?,
-            ffn_norm: self.vector(&n("ffn_norm.weight"), hp.n_embd)?,
-            gate: self.matrix(&n("ffn_gate.weight"), Some(hp.n_ff), hp.n_embd)?,
+            ffn_norm: match falcon {
+                true => attn_norm.clone(),
+                false => self.norm(&n("ffn_norm"))?,
+            },
+            attn_norm,
+            gate: match falcon || opt {
+                true => None,
+                false => Some(self.matrix(&n("ffn_gate.weight"), Some(hp.n_ff), hp.n_embd)?),
+            },
             up: self.matrix(&n("ffn_up.weight"), Some(hp.n_ff), hp.n_embd)?,
+            up_b: required_if(opt, "ffn_up.bias", hp.n_ff)?,
             down: self.optional_matrix(&n("ffn_down.weight"), hp.n_embd, hp.n_ff)?,
             down_t: self.optional_matrix(&n("ffn_down_t.weight"), hp.n_ff, hp.n_embd)?,
+            down_b,
             predictor: self.predictor(il)?,
             post_ffn_norm: required_if(gemma, "post_ffw_norm.weight", hp.n_embd)?,
         })

@@ -22,6 +22,11 @@
 //!   quantising `ffn_gate`.
 //! - dReLU (`bamboo`): `up_i` gets a weight on dimension 0 so that `up_i·h > 0` for 97% of inputs,
 //!   and the gate's frequency is `f_i / 0.97`, so the product's density is the target.
+//! - `falcon` and `opt` (FFN `relu(up·h)`, LayerNorm with bias): `G` goes into `ffn_up`, and the
+//!   predictor stays exact despite the centring and the biases (see `layer`). Falcon's FFN reads
+//!   the block's input, so its residual RMS counts one addition fewer. OPT's LM head is the token
+//!   embedding; its `output_norm` weight has random signs so that a token's logit does not favour
+//!   the token itself (with tied embeddings and small block outputs, greedy text would repeat).
 //! - `ffn_down_t` is scaled on random residuals so that the FFN adds `alpha` RMS.
 //!
 //! # What PowerInfer's loader requires (read from SJTU-IPADS/PowerInfer's `llama.cpp`)
@@ -33,13 +38,26 @@
 //!   a tensor it does not create is later looked up by name in its context and not found (a null
 //!   pointer), so a file must hold exactly these tensors. `synth` therefore writes `ffn_down_t`
 //!   only (hotcold's loader takes either).
-//! - Required keys (`<arch>.` prefix): `context_length`, `embedding_length`,
+//! - Required keys for `llama` and `bamboo` (`<arch>.` prefix): `context_length`, `embedding_length`,
 //!   `feed_forward_length`, `attention.head_count`, `block_count`,
 //!   `attention.layer_norm_rms_epsilon`, and `tokenizer.ggml.tokens`; optional:
 //!   `attention.head_count_kv`, `rope.dimension_count` (must equal n_embd/n_head),
 //!   `rope.freq_base`, `powerinfer.sparse_threshold` (f32, default 0; the env variable
 //!   `LLAMA_SPARSE_PRED_THRESHOLD` overrides it). A neuron is skipped when its predictor output
 //!   is `< threshold`.
+//! - `falcon` (`build_falcon`, `llm_load_sparse_model_tensors`): `token_embd`, `output_norm`
+//!   weight and bias, `output`; per layer `attn_norm` weight and bias (the FFN's norm too),
+//!   `attn_qkv` {n_embd, n_embd + 2·n_embd_gqa} (all query heads, then the key heads, then the
+//!   value heads: the converter's "jploski" layout), `attn_output`, `ffn_up`, `ffn_down_t`, `fc1`,
+//!   `fc2`; key `attention.layer_norm_epsilon`; NEOX RoPE over whole heads; the predictor reads the
+//!   block's input.
+//! - `opt` (`build_opt`): `token_embd` (also the LM head: no `output`), `position_embd`
+//!   {n_embd, 2050} (PowerInfer hard-codes `n_ctx_train = 2050` and indexes it with position + 2),
+//!   `output_norm` weight and bias; per layer `attn_norm`, `ffn_norm` (weights and biases),
+//!   `attn_q/k/v/output` weights and biases, `ffn_up` weight and bias, `ffn_down_t` weight and bias
+//!   (`ffn_down_t.bias`: the converter renames every `ffn_down` tensor), `fc1`, `fc2`. Its OPT
+//!   reads no epsilon (its LayerNorm uses 0); `synth` writes `attention.layer_norm_epsilon` = 1e-5,
+//!   which hotcold reads.
 //! - Types: its converter writes `fc1`/`fc2` like the other matrices (F16 in an F16 file) and its
 //!   quantiser turns them into Q4_0 (Q4_0 files) or Q5_0; plain ggml matmuls run them, so F16
 //!   works with any weight type. `synth` stores them F16, norms F32.
@@ -63,7 +81,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::gguf::{GgufWriter, Magic, MetaArray, MetaValue};
+use crate::gguf::{GgufStream, GgufWriter, Magic, MetaArray, MetaValue, TensorDecl};
 use crate::quant::{quantize, GgmlType};
 use crate::{Error, Result};
 use layer::{Dims, LayerWeights};
@@ -76,6 +94,12 @@ pub enum SynthArch {
     Llama,
     /// dReLU (Bamboo, TurboSparse): `down(relu(gate·h) ⊙ relu(up·h))`; architecture `bamboo`.
     Bamboo,
+    /// ReluFalcon: parallel attention, LayerNorm with bias, fused QKV, `down(relu(up·h))`;
+    /// architecture `falcon`.
+    Falcon,
+    /// ReLU OPT: LayerNorm with bias, learned positions, biases on every linear layer,
+    /// `down(relu(up·h + b)) + b`, tied LM head; architecture `opt`.
+    Opt,
 }
 
 impl SynthArch {
@@ -84,24 +108,38 @@ impl SynthArch {
         match self {
             SynthArch::Llama => "llama",
             SynthArch::Bamboo => "bamboo",
+            SynthArch::Falcon => "falcon",
+            SynthArch::Opt => "opt",
         }
+    }
+
+    /// Whether the FFN has a gate (llama, bamboo) or is `relu(up·h)` (falcon, opt).
+    pub fn gated(self) -> bool {
+        matches!(self, SynthArch::Llama | SynthArch::Bamboo)
+    }
+
+    /// Whether the model uses LayerNorm with bias (falcon, opt) rather than RMSNorm.
+    pub fn layer_norm(self) -> bool {
+        !self.gated()
     }
 
     /// The value of `hotcold.ffn_activation`.
     pub fn activation(self) -> &'static str {
         match self {
-            SynthArch::Llama => "relu",
             SynthArch::Bamboo => "drelu",
+            _ => "relu",
         }
     }
 
-    /// Parses `llama` or `bamboo`.
+    /// Parses `llama`, `bamboo`, `falcon` or `opt`.
     pub fn parse(name: &str) -> Result<SynthArch> {
         match name {
             "llama" => Ok(SynthArch::Llama),
             "bamboo" => Ok(SynthArch::Bamboo),
+            "falcon" => Ok(SynthArch::Falcon),
+            "opt" => Ok(SynthArch::Opt),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown synth architecture {name:?} (expected llama or bamboo)"
+                "unknown synth architecture {name:?} (expected llama, bamboo, falcon or opt)"
             ))),
         }
     }
@@ -149,8 +187,8 @@ impl SynthConfig {
     /// - `small`: n_embd 1024, n_ff 4096, 5 layers, 16 heads (4 KV heads), vocab 3000, ctx 1024,
     ///   rank 64 (about 170 MB in F16, FFN ≈ 74% of the weight bytes).
     /// - `relullama-7b`: ReluLLaMA-7B's shape: n_embd 4096, n_ff 11008, 32 layers, 32 heads,
-    ///   vocab 32000, ctx 2048, rank 512 (1024 stored hidden units; about 14 GB in F16, needs as
-    ///   much memory to build).
+    ///   vocab 32000, ctx 2048, rank 512 (1024 stored hidden units; about 14 GB in F16; [`write`]
+    ///   streams it to disk one tensor at a time, holding about one layer in memory).
     ///
     /// All default to `llama`, F16, sparsity 0.9, seed 0, Zipf exponent 1.2.
     pub fn preset(name: &str) -> Result<SynthConfig> {
@@ -253,17 +291,27 @@ const C0: f32 = 4.0;
 /// RMS each block adds to the residual's dimensions 1.., relative to it.
 const ALPHA: f32 = 0.1;
 
-/// Builds the model `cfg` describes and writes it to `path` (PowerInfer's `PWRI` GGUF v3).
+/// Builds the model `cfg` describes and writes it to `path` (PowerInfer's `PWRI` GGUF v3),
+/// streaming: the tensors are declared first (a pass that computes no data), then computed and
+/// written one at a time, so that at most one layer's weights are in memory.
 pub fn write(cfg: &SynthConfig, path: &Path) -> Result<SynthReport> {
-    let (writer, report) = build(cfg)?;
-    writer.write_file(path)?;
-    let bytes = std::fs::metadata(path)
+    cfg.validate()?;
+    let mut declared = Vec::new();
+    emit(cfg, &mut declared, &mut SynthReport::new(cfg))?;
+    let header = metadata(cfg);
+    let mut report = SynthReport::new(cfg);
+    crate::gguf::write_file_atomically(path, |out| {
+        let mut stream = header.stream(declared, out)?;
+        emit(cfg, &mut stream, &mut report)?;
+        stream.finish().map(drop)
+    })?;
+    report.bytes = std::fs::metadata(path)
         .map_err(|source| Error::Io {
             path: path.to_owned(),
             source,
         })?
         .len();
-    Ok(SynthReport { bytes, ..report })
+    Ok(report)
 }
 
 /// The target firing frequency of each of the `n_ff` neurons of layer `il` of a model built with
@@ -281,9 +329,21 @@ pub fn target_frequencies(
 }
 
 /// Builds the model in memory: the writer holding every tensor, and the report (`bytes` is 0
-/// until [`write`] writes the file).
+/// until the file is written).
 pub fn build(cfg: &SynthConfig) -> Result<(GgufWriter<'static>, SynthReport)> {
     cfg.validate()?;
+    let mut w = metadata(cfg);
+    let mut report = SynthReport::new(cfg);
+    emit(cfg, &mut w, &mut report)?;
+    Ok((w, report))
+}
+
+/// Rows of OPT's learned position table: PowerInfer's loader requires exactly 2050
+/// (`n_ctx_train` is hard-coded for OPT), HF's 2048 positions plus its offset of 2.
+pub const OPT_POSITIONS: usize = 2050;
+
+/// A writer holding the file's metadata and no tensors.
+fn metadata(cfg: &SynthConfig) -> GgufWriter<'static> {
     let arch = cfg.arch.name();
     let mut w = GgufWriter::new(Magic::PowerInfer);
     let key = |k: &str| format!("{arch}.{k}");
@@ -299,20 +359,31 @@ pub fn build(cfg: &SynthConfig) -> Result<(GgufWriter<'static>, SynthReport)> {
         _ => 1,
     };
     w.set("general.file_type", MetaValue::U32(file_type));
-    w.set(key("context_length"), u32v(cfg.n_ctx));
+    let n_ctx = match cfg.arch {
+        SynthArch::Opt => OPT_POSITIONS,
+        _ => cfg.n_ctx,
+    };
+    w.set(key("context_length"), u32v(n_ctx));
     w.set(key("embedding_length"), u32v(cfg.n_embd));
     w.set(key("block_count"), u32v(cfg.n_layer));
     w.set(key("feed_forward_length"), u32v(cfg.n_ff));
-    w.set(key("rope.dimension_count"), u32v(cfg.n_embd / cfg.n_head));
+    if cfg.arch != SynthArch::Opt {
+        w.set(key("rope.dimension_count"), u32v(cfg.n_embd / cfg.n_head));
+    }
     w.set(key("attention.head_count"), u32v(cfg.n_head));
     w.set(key("attention.head_count_kv"), u32v(cfg.n_head_kv));
+    let eps_key = match cfg.arch.layer_norm() {
+        true => "attention.layer_norm_epsilon",
+        false => "attention.layer_norm_rms_epsilon",
+    };
+    w.set(key(eps_key), MetaValue::F32(1e-5));
+    if cfg.arch != SynthArch::Opt {
+        w.set(key("rope.freq_base"), MetaValue::F32(10000.0));
+    }
     w.set(
-        key("attention.layer_norm_rms_epsilon"),
-        MetaValue::F32(1e-5),
+        "powerinfer.sparse_threshold",
+        MetaValue::F32(cfg.threshold()),
     );
-    w.set(key("rope.freq_base"), MetaValue::F32(10000.0));
-    let threshold = cfg.threshold();
-    w.set("powerinfer.sparse_threshold", MetaValue::F32(threshold));
     w.set(
         "hotcold.ffn_activation",
         MetaValue::String(cfg.arch.activation().into()),
@@ -351,33 +422,114 @@ pub fn build(cfg: &SynthConfig) -> Result<(GgufWriter<'static>, SynthReport)> {
     w.set("tokenizer.ggml.unknown_token_id", MetaValue::U32(0));
     w.set("tokenizer.ggml.add_bos_token", MetaValue::Bool(true));
     w.set("tokenizer.ggml.add_eos_token", MetaValue::Bool(false));
+    w
+}
 
+impl SynthReport {
+    fn new(cfg: &SynthConfig) -> SynthReport {
+        SynthReport {
+            bytes: 0,
+            weight_bytes: 0,
+            ffn_bytes: 0,
+            predictor_bytes: 0,
+            n_tensors: 0,
+            layer_density: Vec::new(),
+            layer_top10_share: Vec::new(),
+            threshold: cfg.threshold(),
+        }
+    }
+}
+
+/// Where [`emit`] puts tensors: a list of declarations (the data is not computed), an in-memory
+/// writer, or a file being streamed.
+trait TensorSink {
+    /// Takes tensor `name`; `data` computes its bytes when the sink needs them.
+    fn tensor(
+        &mut self,
+        name: String,
+        ty: GgmlType,
+        shape: Vec<u64>,
+        data: &mut dyn FnMut() -> Result<Vec<u8>>,
+    ) -> Result<()>;
+}
+
+impl TensorSink for Vec<TensorDecl> {
+    fn tensor(
+        &mut self,
+        name: String,
+        ty: GgmlType,
+        shape: Vec<u64>,
+        _data: &mut dyn FnMut() -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        self.push(TensorDecl { name, ty, shape });
+        Ok(())
+    }
+}
+
+impl TensorSink for GgufWriter<'static> {
+    fn tensor(
+        &mut self,
+        name: String,
+        ty: GgmlType,
+        shape: Vec<u64>,
+        data: &mut dyn FnMut() -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        self.add_tensor(name, ty, &shape, Cow::Owned(data()?))
+    }
+}
+
+impl<W: std::io::Write> TensorSink for GgufStream<W> {
+    fn tensor(
+        &mut self,
+        name: String,
+        _ty: GgmlType,
+        _shape: Vec<u64>,
+        data: &mut dyn FnMut() -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        self.write_tensor(&name, &data()?)
+    }
+}
+
+/// Puts every tensor of the model into `sink`, in file order, computing each layer's weights
+/// only when the sink first needs one of them.
+fn emit(cfg: &SynthConfig, sink: &mut dyn TensorSink, report: &mut SynthReport) -> Result<()> {
     let e = cfg.n_embd;
-    let mut report = SynthReport {
-        bytes: 0,
-        weight_bytes: 0,
-        ffn_bytes: 0,
-        predictor_bytes: 0,
-        n_tensors: 0,
-        layer_density: Vec::new(),
-        layer_top10_share: Vec::new(),
-        threshold,
-    };
     // embeddings: x[0] = c0, the rest N(0, 1)
-    let mut embd = vec![0.0f32; cfg.n_vocab * e];
-    embd.par_chunks_mut(e).enumerate().for_each(|(t, row)| {
-        Rng::new(stream(cfg.seed, &[u64::MAX, 1, t as u64])).fill_normal(row, 1.0);
-        row[0] = C0;
-    });
     add(
-        &mut w,
-        &mut report,
-        "token_embd.weight".into(),
+        sink,
+        report,
+        "token_embd.weight",
         cfg.ty,
-        &embd,
+        cfg.n_vocab,
         e,
+        || {
+            let mut embd = vec![0.0f32; cfg.n_vocab * e];
+            embd.par_chunks_mut(e).enumerate().for_each(|(t, row)| {
+                Rng::new(stream(cfg.seed, &[u64::MAX, 1, t as u64])).fill_normal(row, 1.0);
+                row[0] = C0;
+            });
+            embd
+        },
     )?;
-    drop(embd);
+    if cfg.arch == SynthArch::Opt {
+        // learned positions: small, zero on dimension 0
+        add(
+            sink,
+            report,
+            "position_embd.weight",
+            cfg.ty,
+            OPT_POSITIONS,
+            e,
+            || {
+                let mut pos = vec![0.0f32; OPT_POSITIONS * e];
+                pos.par_chunks_mut(e).enumerate().for_each(|(p, row)| {
+                    Rng::new(stream(cfg.seed, &[u64::MAX, 3, p as u64])).fill_normal(row, 0.1);
+                    row[0] = 0.0;
+                });
+                pos
+            },
+        )?;
+    }
 
     let dims = Dims {
         n_embd: e,
@@ -390,98 +542,225 @@ pub fn build(cfg: &SynthConfig) -> Result<(GgufWriter<'static>, SynthReport)> {
     };
     let density = 1.0 - f64::from(cfg.sparsity);
     for il in 0..cfg.n_layer {
-        // residual RMS entering this block's FFN: each block adds alpha² of variance
-        let sigma = (1.0 + ALPHA * ALPHA).powf(2.0 * il as f32 + 1.0).sqrt();
+        // residual RMS entering this block's FFN: each attention or FFN adds alpha² of variance;
+        // Falcon's FFN reads the block's input (parallel attention)
+        let added = match cfg.arch {
+            SynthArch::Falcon => 2 * il,
+            _ => 2 * il + 1,
+        };
+        let sigma = (1.0 + ALPHA * ALPHA).powf(added as f32).sqrt();
         let freq = target_frequencies(cfg.seed, il, cfg.n_ff, density, cfg.zipf_exponent);
-        let lw = layer::build(&dims, cfg.arch, cfg.seed, il as u64, sigma, &freq);
-        add_layer(&mut w, &mut report, cfg, il, &lw)?;
+        let lw = std::cell::OnceCell::new();
+        let weights =
+            || lw.get_or_init(|| layer::build(&dims, cfg.arch, cfg.seed, il as u64, sigma, &freq));
+        add_layer(sink, report, cfg, il, &weights)?;
+        report_frequencies(report, &freq);
     }
     add(
-        &mut w,
-        &mut report,
-        "output_norm.weight".into(),
+        sink,
+        report,
+        "output_norm.weight",
         GgmlType::F32,
-        &vec![1.0; e],
+        1,
         e,
+        || {
+            match cfg.arch {
+                // OPT's LM head is the token embedding: random signs (and the scale of the other
+                // architectures' output matrix) keep a token's logit from favouring itself
+                SynthArch::Opt => {
+                    let mut rng = Rng::new(stream(cfg.seed, &[u64::MAX, 5]));
+                    let scale = 3.0 / (e as f32).sqrt();
+                    (0..e)
+                        .map(|_| if rng.uniform() < 0.5 { -scale } else { scale })
+                        .collect()
+                }
+                _ => vec![1.0; e],
+            }
+        },
     )?;
-    let output = {
-        let mut m = vec![0.0f32; cfg.n_vocab * e];
-        let scale = 3.0 / (e as f32).sqrt();
-        m.par_chunks_mut(e).enumerate().for_each(|(t, row)| {
-            Rng::new(stream(cfg.seed, &[u64::MAX, 2, t as u64])).fill_normal(row, scale);
-        });
-        m
-    };
-    add(
-        &mut w,
-        &mut report,
-        "output.weight".into(),
-        cfg.ty,
-        &output,
-        e,
-    )?;
-    Ok((w, report))
+    if cfg.arch.layer_norm() {
+        add(
+            sink,
+            report,
+            "output_norm.bias",
+            GgmlType::F32,
+            1,
+            e,
+            || {
+                let mut b = vec![0.0f32; e];
+                Rng::new(stream(cfg.seed, &[u64::MAX, 4])).fill_normal(&mut b, 0.1);
+                b
+            },
+        )?;
+    }
+    if cfg.arch != SynthArch::Opt {
+        add(
+            sink,
+            report,
+            "output.weight",
+            cfg.ty,
+            cfg.n_vocab,
+            e,
+            || {
+                let mut m = vec![0.0f32; cfg.n_vocab * e];
+                let scale = 3.0 / (e as f32).sqrt();
+                m.par_chunks_mut(e).enumerate().for_each(|(t, row)| {
+                    Rng::new(stream(cfg.seed, &[u64::MAX, 2, t as u64])).fill_normal(row, scale);
+                });
+                m
+            },
+        )?;
+    }
+    Ok(())
 }
 
-/// Encodes `data` (rows of `cols`) as `ty` and adds it to `w` as `name`; returns its bytes.
-fn add(
-    w: &mut GgufWriter<'static>,
+/// Puts tensor `name` (`rows` of `cols` values, computed by `data`, encoded as `ty`) into `sink`;
+/// returns its bytes.
+fn add<D: AsRef<[f32]>>(
+    sink: &mut dyn TensorSink,
     report: &mut SynthReport,
-    name: String,
+    name: impl Into<String>,
     ty: GgmlType,
-    data: &[f32],
+    rows: usize,
     cols: usize,
+    data: impl FnOnce() -> D,
 ) -> Result<u64> {
-    let bytes = encode(ty, data, cols)?;
-    let n = bytes.len() as u64;
-    let rows = (data.len() / cols) as u64;
     let shape: Vec<u64> = if rows == 1 {
         vec![cols as u64]
     } else {
-        vec![cols as u64, rows]
+        vec![cols as u64, rows as u64]
     };
-    w.add_tensor(name, ty, &shape, Cow::Owned(bytes))?;
+    let n = ty.row_bytes(cols as u64)? * rows as u64;
+    let mut data = Some(data);
+    sink.tensor(name.into(), ty, shape, &mut || {
+        let values = data.take().expect("a sink takes a tensor's data once")();
+        encode(ty, values.as_ref(), cols)
+    })?;
     report.weight_bytes += n;
     report.n_tensors += 1;
     Ok(n)
 }
 
-fn add_layer(
-    w: &mut GgufWriter<'static>,
+fn add_layer<'w>(
+    sink: &mut dyn TensorSink,
     report: &mut SynthReport,
     cfg: &SynthConfig,
     il: usize,
-    lw: &LayerWeights,
+    lw: &dyn Fn() -> &'w LayerWeights,
 ) -> Result<()> {
-    let e = cfg.n_embd;
-    let ty = cfg.ty;
-    let n = |s: &str| format!("blk.{il}.{s}.weight");
-    add(w, report, n("attn_norm"), GgmlType::F32, &lw.attn_norm, e)?;
-    add(w, report, n("attn_q"), ty, &lw.wq, e)?;
-    add(w, report, n("attn_k"), ty, &lw.wk, e)?;
-    add(w, report, n("attn_v"), ty, &lw.wv, e)?;
-    add(w, report, n("attn_output"), ty, &lw.wo, e)?;
-    add(w, report, n("ffn_norm"), GgmlType::F32, &lw.ffn_norm, e)?;
-    let mut ffn = add(w, report, n("ffn_gate"), ty, &lw.gate, e)?;
-    ffn += add(w, report, n("ffn_up"), ty, &lw.up, e)?;
-    ffn += add(w, report, n("ffn_down_t"), ty, &lw.down_t, e)?;
+    let (e, f, ty) = (cfg.n_embd, cfg.n_ff, cfg.ty);
+    let n_kv = e / cfg.n_head * cfg.n_head_kv;
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let f32t = GgmlType::F32;
+    let bias = |v: &'w Option<Vec<f32>>| v.as_deref().expect("the architecture has this bias");
+    let attn_bias = |k: usize| &lw().attn_biases.as_ref().expect("OPT has attention biases")[k];
+    add(sink, report, n("attn_norm.weight"), f32t, 1, e, || {
+        &lw().attn_norm
+    })?;
+    if cfg.arch.layer_norm() {
+        add(sink, report, n("attn_norm.bias"), f32t, 1, e, || {
+            bias(&lw().attn_norm_b)
+        })?;
+    }
+    if cfg.arch == SynthArch::Falcon {
+        // fused QKV: every query head, then the key heads, then the value heads
+        add(
+            sink,
+            report,
+            n("attn_qkv.weight"),
+            ty,
+            e + 2 * n_kv,
+            e,
+            || {
+                let w = lw();
+                [w.wq.as_slice(), &w.wk, &w.wv].concat()
+            },
+        )?;
+    } else {
+        let opt = cfg.arch == SynthArch::Opt;
+        for (k, (role, rows)) in [("attn_q", e), ("attn_k", n_kv), ("attn_v", n_kv)]
+            .into_iter()
+            .enumerate()
+        {
+            add(
+                sink,
+                report,
+                n(&format!("{role}.weight")),
+                ty,
+                rows,
+                e,
+                || {
+                    let w = lw();
+                    [&w.wq, &w.wk, &w.wv][k]
+                },
+            )?;
+            if opt {
+                add(
+                    sink,
+                    report,
+                    n(&format!("{role}.bias")),
+                    f32t,
+                    1,
+                    rows,
+                    || attn_bias(k),
+                )?;
+            }
+        }
+    }
+    add(sink, report, n("attn_output.weight"), ty, e, e, || &lw().wo)?;
+    if cfg.arch == SynthArch::Opt {
+        add(sink, report, n("attn_output.bias"), f32t, 1, e, || {
+            attn_bias(3)
+        })?;
+    }
+    if cfg.arch != SynthArch::Falcon {
+        add(sink, report, n("ffn_norm.weight"), f32t, 1, e, || {
+            &lw().ffn_norm
+        })?;
+    }
+    let mut ffn = 0;
+    if cfg.arch == SynthArch::Opt {
+        add(sink, report, n("ffn_norm.bias"), f32t, 1, e, || {
+            bias(&lw().ffn_norm_b)
+        })?;
+        ffn += add(sink, report, n("ffn_up.bias"), f32t, 1, f, || {
+            bias(&lw().up_b)
+        })?;
+        ffn += add(sink, report, n("ffn_down_t.bias"), f32t, 1, e, || {
+            bias(&lw().down_b)
+        })?;
+    }
+    if cfg.arch.gated() {
+        ffn += add(sink, report, n("ffn_gate.weight"), ty, f, e, || {
+            lw().gate.as_deref().expect("a gated FFN has a gate")
+        })?;
+    }
+    ffn += add(sink, report, n("ffn_up.weight"), ty, f, e, || &lw().up)?;
+    ffn += add(sink, report, n("ffn_down_t.weight"), ty, f, e, || {
+        &lw().down_t
+    })?;
     report.ffn_bytes += ffn;
-    let mut pred = add(w, report, n("fc1"), GgmlType::F16, &lw.fc1, e)?;
-    pred += add(w, report, n("fc2"), GgmlType::F16, &lw.fc2, 2 * cfg.rank)?;
+    let r2 = 2 * cfg.rank;
+    let mut pred = add(sink, report, n("fc1.weight"), GgmlType::F16, r2, e, || {
+        &lw().fc1
+    })?;
+    pred += add(sink, report, n("fc2.weight"), GgmlType::F16, f, r2, || {
+        &lw().fc2
+    })?;
     report.predictor_bytes += pred;
+    Ok(())
+}
 
-    let total: f64 = lw.freq.iter().map(|&f| f64::from(f)).sum();
-    let mut sorted = lw.freq.clone();
+/// Records a layer's target density and the share of firings of its 10% most frequent neurons.
+fn report_frequencies(report: &mut SynthReport, freq: &[f64]) {
+    let total: f64 = freq.iter().map(|&f| f as f32 as f64).sum();
+    let mut sorted: Vec<f64> = freq.iter().map(|&f| f as f32 as f64).collect();
     sorted.sort_by(|a, b| b.total_cmp(a));
-    let top: f64 = sorted[..sorted.len().div_ceil(10)]
-        .iter()
-        .map(|&f| f64::from(f))
-        .sum();
+    let top: f64 = sorted[..sorted.len().div_ceil(10)].iter().sum();
     report
         .layer_density
-        .push((total / lw.freq.len() as f64) as f32);
+        .push((total / freq.len() as f64) as f32);
     report.layer_top10_share.push((top / total) as f32);
-    Ok(())
 }
 
 /// Quantises rows of `cols` f32 values into `ty`, in parallel.

@@ -29,6 +29,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// The norm's positive scale `s` of a residual row: `h = s·(x or centred x)·w (+ b)`.
+fn norm_scale(arch: SynthArch, x: &[f32]) -> f32 {
+    let e = x.len() as f32;
+    if arch.layer_norm() {
+        let mean = x.iter().sum::<f32>() / e;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / e;
+        1.0 / (var + 1e-5).sqrt()
+    } else {
+        1.0 / (dot(x, x) / e + 1e-5).sqrt()
+    }
+}
+
 #[test]
 fn predictor_is_exact() {
     let d = Dims {
@@ -40,26 +52,43 @@ fn predictor_is_exact() {
         c0: C0,
         alpha: ALPHA,
     };
-    let mut frng = Rng::new(1);
-    let freq = layer::zipf_frequencies(&mut frng, d.n_ff, 0.1, 1.2);
-    let lw = layer::build(&d, SynthArch::Llama, 7, 0, 1.0, &freq);
-    let mut rng = Rng::new(3);
-    for _ in 0..20 {
-        let mut x = vec![0.0f32; 64];
-        rng.fill_normal(&mut x, 1.0);
-        x[0] = C0;
-        let hidden: Vec<f32> = lw.fc1.chunks(64).map(|r| dot(r, &x).max(0.0)).collect();
-        assert_eq!(hidden.len(), 2 * d.rank);
-        for i in 0..d.n_ff {
-            let pred = dot(&lw.fc2[i * 16..(i + 1) * 16], &hidden);
-            // G·x with G = W_gate·diag(ffn_norm)
-            let g: f32 = (0..64)
-                .map(|j| lw.gate[i * 64 + j] * lw.ffn_norm[j] * x[j])
-                .sum();
-            assert!((pred - g).abs() < 1e-4 * (1.0 + g.abs()), "{pred} vs {g}");
+    for arch in ARCHS {
+        let mut frng = Rng::new(1);
+        let freq = layer::zipf_frequencies(&mut frng, d.n_ff, 0.1, 1.2);
+        let lw = layer::build(&d, arch, 7, 0, 1.0, &freq);
+        let mut rng = Rng::new(3);
+        for _ in 0..20 {
+            let mut x = vec![0.0f32; 64];
+            rng.fill_normal(&mut x, 1.0);
+            x[0] = C0;
+            let hidden: Vec<f32> = lw.fc1.chunks(64).map(|r| dot(r, &x).max(0.0)).collect();
+            assert_eq!(hidden.len(), 2 * d.rank);
+            let h = layer::ffn_input(arch, &lw, &x);
+            let s = norm_scale(arch, &x);
+            for i in 0..d.n_ff {
+                let pred = dot(&lw.fc2[i * 16..(i + 1) * 16], &hidden);
+                // the pre-activation that decides the neuron, biases included
+                let decider = lw.gate.as_ref().unwrap_or(&lw.up);
+                let u = dot(&decider[i * 64..(i + 1) * 64], &h)
+                    + match (&lw.gate, &lw.up_b) {
+                        (None, Some(b)) => b[i],
+                        _ => 0.0,
+                    };
+                assert!(
+                    (pred * s - u).abs() < 1e-4 * (1.0 + u.abs()),
+                    "{arch:?}: {pred} · {s} vs {u}"
+                );
+            }
         }
     }
 }
+
+const ARCHS: [SynthArch; 4] = [
+    SynthArch::Llama,
+    SynthArch::Bamboo,
+    SynthArch::Falcon,
+    SynthArch::Opt,
+];
 
 #[test]
 fn deterministic_for_a_seed() {
@@ -160,9 +189,20 @@ fn measure(ty: GgmlType, arch: SynthArch) -> (f64, f64, f64, f64) {
     let mut ids = tok.encode(PARAGRAPH, false, false).unwrap();
     ids.extend(tok.encode(vocab::CORPUS, false, false).unwrap());
     let (embd, e) = matrix(&f, "token_embd.weight");
-    let (norm, _) = matrix(&f, "blk.0.ffn_norm.weight");
-    let (gate, _) = matrix(&f, "blk.0.ffn_gate.weight");
+    let norm_name = match arch {
+        SynthArch::Falcon => "blk.0.attn_norm",
+        _ => "blk.0.ffn_norm",
+    };
+    let (norm, _) = matrix(&f, &format!("{norm_name}.weight"));
+    let norm_b = arch
+        .layer_norm()
+        .then(|| matrix(&f, &format!("{norm_name}.bias")).0);
     let (up, _) = matrix(&f, "blk.0.ffn_up.weight");
+    let up_b = (arch == SynthArch::Opt).then(|| matrix(&f, "blk.0.ffn_up.bias").0);
+    let gate = match arch.gated() {
+        true => matrix(&f, "blk.0.ffn_gate.weight").0,
+        false => up.clone(),
+    };
     let (fc1, _) = matrix(&f, "blk.0.fc1.weight");
     let (fc2, r2) = matrix(&f, "blk.0.fc2.weight");
     let t = f.get_f32("powerinfer.sparse_threshold").unwrap().unwrap();
@@ -171,18 +211,23 @@ fn measure(ty: GgmlType, arch: SynthArch) -> (f64, f64, f64, f64) {
     let (mut active, mut predicted_active, mut predicted) = (0u64, 0u64, 0u64);
     for &id in &ids {
         let x = &embd[id as usize * e..(id as usize + 1) * e];
-        let ms = dot(x, x) / e as f32;
+        let s = norm_scale(arch, x);
+        let mean = match arch.layer_norm() {
+            true => x.iter().sum::<f32>() / e as f32,
+            false => 0.0,
+        };
         let h: Vec<f32> = x
             .iter()
             .zip(&norm)
-            .map(|(v, n)| v / (ms + 1e-5).sqrt() * n)
+            .enumerate()
+            .map(|(j, (v, n))| (v - mean) * s * n + norm_b.as_ref().map_or(0.0, |b| b[j]))
             .collect();
         let hid: Vec<f32> = fc1.chunks(e).map(|r| dot(r, x).max(0.0)).collect();
         for i in 0..n_ff {
-            let g = dot(&gate[i * e..(i + 1) * e], &h);
+            let g = dot(&gate[i * e..(i + 1) * e], &h) + up_b.as_ref().map_or(0.0, |b| b[i]);
             let on = match arch {
-                SynthArch::Llama => g > 0.0,
                 SynthArch::Bamboo => g > 0.0 && dot(&up[i * e..(i + 1) * e], &h) > 0.0,
+                _ => g > 0.0,
             };
             let pred = dot(&fc2[i * r2..(i + 1) * r2], &hid) >= t;
             if on {
@@ -214,6 +259,10 @@ fn layer0_sparsity_on_text() {
         (GgmlType::Q4_0, SynthArch::Llama),
         (GgmlType::Q8_0, SynthArch::Bamboo),
         (GgmlType::Q4_0, SynthArch::Bamboo),
+        (GgmlType::F16, SynthArch::Falcon),
+        (GgmlType::Q4_0, SynthArch::Falcon),
+        (GgmlType::Q8_0, SynthArch::Opt),
+        (GgmlType::Q4_0, SynthArch::Opt),
     ] {
         let (density, share, recall, _) = measure(ty, arch);
         assert!(
@@ -236,4 +285,102 @@ fn presets_and_bad_configs() {
     assert!(build(&cfg).is_err());
     assert_eq!(SynthArch::parse("bamboo").unwrap(), SynthArch::Bamboo);
     assert!(SynthArch::parse("gpt2").is_err());
+}
+
+#[test]
+fn falcon_and_opt_files_have_powerinfer_tensors() {
+    let (e, ff, v, r2) = (128u64, 512u64, 1000u64, 32u64);
+    for arch in [SynthArch::Falcon, SynthArch::Opt] {
+        let mut cfg = SynthConfig::preset("tiny").unwrap();
+        cfg.arch = arch;
+        cfg.ty = GgmlType::Q4_0;
+        let bytes = build(&cfg).unwrap().0.to_bytes().unwrap();
+        assert!(
+            bytes.len() < 2 << 20,
+            "tiny {arch:?} is {} bytes",
+            bytes.len()
+        );
+        let f = GgufFile::from_bytes(bytes).unwrap();
+        assert_eq!(f.architecture().unwrap(), arch.name());
+        let ty = GgmlType::Q4_0;
+        let f32t = GgmlType::F32;
+        let mut expected: Vec<(String, Vec<u64>, GgmlType)> = vec![
+            ("token_embd.weight".into(), vec![e, v], ty),
+            ("output_norm.weight".into(), vec![e], f32t),
+            ("output_norm.bias".into(), vec![e], f32t),
+        ];
+        for il in 0..2 {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            expected.extend([
+                (n("attn_norm.weight"), vec![e], f32t),
+                (n("attn_norm.bias"), vec![e], f32t),
+                (n("attn_output.weight"), vec![e, e], ty),
+                (n("ffn_up.weight"), vec![e, ff], ty),
+                (n("ffn_down_t.weight"), vec![e, ff], ty),
+                (n("fc1.weight"), vec![e, r2], GgmlType::F16),
+                (n("fc2.weight"), vec![r2, ff], GgmlType::F16),
+            ]);
+            match arch {
+                SynthArch::Falcon => expected.push((n("attn_qkv.weight"), vec![e, 3 * e], ty)),
+                _ => {
+                    for role in ["attn_q", "attn_k", "attn_v"] {
+                        expected.push((n(&format!("{role}.weight")), vec![e, e], ty));
+                        expected.push((n(&format!("{role}.bias")), vec![e], f32t));
+                    }
+                    expected.extend([
+                        (n("attn_output.bias"), vec![e], f32t),
+                        (n("ffn_norm.weight"), vec![e], f32t),
+                        (n("ffn_norm.bias"), vec![e], f32t),
+                        (n("ffn_up.bias"), vec![ff], f32t),
+                        (n("ffn_down_t.bias"), vec![e], f32t),
+                    ]);
+                }
+            }
+        }
+        match arch {
+            SynthArch::Falcon => expected.push(("output.weight".into(), vec![e, v], ty)),
+            _ => expected.push((
+                "position_embd.weight".into(),
+                vec![e, OPT_POSITIONS as u64],
+                ty,
+            )),
+        }
+        assert_eq!(f.tensors().len(), expected.len(), "{arch:?}");
+        for (name, shape, t) in expected {
+            let info = f.require_tensor(&name).unwrap();
+            assert_eq!((&info.shape, info.ty), (&shape, t), "{arch:?} {name}");
+        }
+        let a = arch.name();
+        assert_eq!(
+            f.get_f32(&format!("{a}.attention.layer_norm_epsilon"))
+                .unwrap(),
+            Some(1e-5)
+        );
+    }
+}
+
+#[test]
+fn streamed_file_equals_in_memory_file() {
+    let dir = std::env::temp_dir().join(format!("hotcold-synth-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (arch, ty) in [
+        (SynthArch::Llama, GgmlType::Q4_0),
+        (SynthArch::Bamboo, GgmlType::F16),
+        (SynthArch::Falcon, GgmlType::Q8_0),
+        (SynthArch::Opt, GgmlType::Q4_0),
+    ] {
+        let mut cfg = SynthConfig::preset("tiny").unwrap();
+        cfg.arch = arch;
+        cfg.ty = ty;
+        let path = dir.join(format!("{}.gguf", arch.name()));
+        let streamed = write(&cfg, &path).unwrap();
+        let (w, in_memory) = build(&cfg).unwrap();
+        let bytes = w.to_bytes().unwrap();
+        assert!(std::fs::read(&path).unwrap() == bytes, "{arch:?} {ty}");
+        assert_eq!(streamed.bytes, bytes.len() as u64);
+        assert_eq!(streamed.weight_bytes, in_memory.weight_bytes);
+        assert_eq!(streamed.n_tensors, in_memory.n_tensors);
+        assert_eq!(streamed.layer_density, in_memory.layer_density);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

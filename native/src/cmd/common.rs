@@ -32,6 +32,20 @@ pub struct ModelArgs {
     /// `--device`, `--vram-budget`.
     #[command(flatten)]
     pub device: super::device::DeviceArgs,
+    /// Keep the predictors as stored (`file`) or re-encode them as Q8_0 in memory (`q8_0`: about
+    /// half their bytes per token; the file is untouched).
+    #[arg(long = "predictor-type", value_enum, default_value = "file")]
+    pub predictor_type: PredictorTypeArg,
+}
+
+/// `--predictor-type` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredictorTypeArg {
+    /// As stored in the file.
+    File,
+    /// Re-encoded as Q8_0 at load time.
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 /// `--ffn` values.
@@ -166,6 +180,9 @@ impl ModelArgs {
         if matches!(self.ffn, Some(FfnArg::Cats | FfnArg::Oracle)) {
             // The sparse axpy needs the down projection neuron-major.
             model.repack_down_t()?;
+        }
+        if self.predictor_type == PredictorTypeArg::Q8_0 {
+            model.quantize_predictors(hotcold_core::quant::GgmlType::Q8_0)?;
         }
         let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
         let threads = self

@@ -14,7 +14,8 @@ pub struct Args {
     /// Model shape: tiny (< 2 MB), small (~170 MB in F16), relullama-7b (ReluLLaMA-7B's shape).
     #[arg(long, default_value = "tiny")]
     preset: String,
-    /// FFN form: llama (ReLU gate × up) or bamboo (dReLU).
+    /// Architecture: llama (ReLU gate × up), bamboo (dReLU), falcon (parallel attention,
+    /// relu(up)) or opt (learned positions, biases, relu(up)).
     #[arg(long, default_value = "llama")]
     arch: String,
     /// Type of the large matrices: f16, q8_0 or q4_0.
