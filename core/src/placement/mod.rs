@@ -59,7 +59,7 @@ mod problem;
 mod solve;
 pub mod stats;
 
-pub use problem::{frequency_sum, GlobalTensor, Layer, Problem};
+pub use problem::{frequency_sum, GlobalTensor, Layer, Problem, MAX_GLOBALS};
 pub use solve::{solve, Plan};
 pub use stats::FREQUENCY_KEY_PREFIX;
 
