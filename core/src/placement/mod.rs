@@ -26,7 +26,10 @@
 //! the [`cost`] model (reading a byte costs `1/C` seconds on the CPU and `1/G` on the GPU, with
 //! `G > C`), the serial time of a token is `(total read)/C − served·(1/C − 1/G)`, so this is
 //! exactly the plan with the least serial time; the device speeds scale it but do not change the
-//! argmax. [`solve`] returns an optimal plan (a brute-force test over thousands of small
+//! argmax. Bus transfers and the overlap of the two devices are left out of the objective (they
+//! would make it non-linear) and counted by [`cost::predict`] instead. Restricting the dense
+//! choice to the last `m` layers loses nothing when layers are alike (every `m` layers cost and
+//! serve the same); otherwise it is part of the constraints. [`solve`] returns an optimal plan (a brute-force test over thousands of small
 //! instances checks it):
 //! - For a fixed number `k` of hot neurons among layers of equal neuron cost, the best set is the
 //!   `k` most frequent (exchange argument), so each cost class's value is a concave prefix sum
@@ -56,7 +59,7 @@ mod problem;
 mod solve;
 pub mod stats;
 
-pub use problem::{frequency_sum, GlobalTensor, Layer, Problem};
+pub use problem::{frequency_sum, GlobalTensor, Layer, Problem, MAX_GLOBALS};
 pub use solve::{solve, Plan};
 pub use stats::FREQUENCY_KEY_PREFIX;
 
