@@ -129,7 +129,7 @@ impl GpuFfn {
     ///
     /// Errors: as [`GpuFfn::new`].
     pub fn with_budget(ctx: Arc<GpuContext>, model: &Model, budget: u64) -> Result<GpuFfn> {
-        let hot = hot_neurons(model, budget, |il| layer_fits_kernels(model, il));
+        let hot = hot_neurons(model, budget, |il| layer_fits_kernels(model, il))?;
         GpuFfn::new(ctx, model, &hot)
     }
 

@@ -21,9 +21,7 @@ pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, 
 #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
 pub use gpu_ffn::{layer_fits_kernels, GpuFfn};
 pub use kv_cache::KvCache;
-pub use offload::{
-    ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor, FREQUENCY_KEY_PREFIX,
-};
+pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor};
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
 pub use session::{Logits, Session};

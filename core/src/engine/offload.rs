@@ -7,8 +7,8 @@
 //! planner replaces it (it returns the same shape: per layer, the sorted hot neuron ids).
 
 use crate::cpu::{self, Matrix};
-use crate::gguf::{MetaArray, MetaValue};
 use crate::model::{LayerWeights, Model, Weight};
+use crate::placement;
 use crate::Result;
 
 /// One of a layer's FFN matrices.
@@ -164,64 +164,61 @@ pub fn ffn_bytes(model: &Model) -> u64 {
         .sum()
 }
 
-/// The metadata key prefix of per-neuron activation frequencies (`{prefix}.{layer}`), as
-/// `hotcold calibrate` writes them.
-pub const FREQUENCY_KEY_PREFIX: &str = "hotcold.activation_frequency";
-
-/// The hot neurons of each layer (sorted ids) for a GPU budget in bytes, by a simple rule until
-/// the placement planner lands:
-/// - a model whose every layer has `ffn_down_t` (neuron-sparse): the most frequently active
-///   neurons over all layers (frequencies from the file's `hotcold.activation_frequency.N`; without
-///   them every layer gets the same share, lowest ids first), as many as the budget holds;
-/// - otherwise (dense down): whole layers, first to last, while they fit.
+/// The hot neurons of each layer (sorted ids) for a GPU budget in bytes:
+/// - a model whose every layer has `ffn_down_t` (neuron-sparse): the placement planner's optimal
+///   plan over the FFN neurons ([`crate::placement::solve`] with only the neurons to place, as the
+///   hybrid pass offloads only the FFN), with the firing frequencies of
+///   [`crate::placement::stats::frequencies`] (calibrated, or a synthetic file's targets); without
+///   statistics every neuron counts the same;
+/// - otherwise (dense down, which a layer cannot split): whole layers, first to last, while they fit.
 ///
 /// `usable(il)` says whether layer `il` can run on the GPU at all (its weight types).
-pub fn hot_neurons(model: &Model, budget: u64, usable: impl Fn(usize) -> bool) -> Vec<Vec<u32>> {
+///
+/// Errors: those of the planner.
+pub fn hot_neurons(
+    model: &Model,
+    budget: u64,
+    usable: impl Fn(usize) -> bool,
+) -> Result<Vec<Vec<u32>>> {
     let (n_layer, n_ff) = (model.hp.n_layer, model.hp.n_ff);
-    let mut hot = vec![Vec::new(); n_layer];
     if model.layers.iter().all(|l| l.down_t.is_some()) {
-        let freq: Vec<Option<Vec<f32>>> = (0..n_layer)
-            .map(
-                |il| match model.file().get(&format!("{FREQUENCY_KEY_PREFIX}.{il}")) {
-                    Some(MetaValue::Array(MetaArray::F32(f))) if f.len() == n_ff => Some(f.clone()),
-                    _ => None,
-                },
-            )
-            .collect();
-        // (score, layer, neuron), best first: frequency, else the rank within the layer.
-        let mut order: Vec<(f32, usize, u32)> = (0..n_layer)
-            .filter(|&il| usable(il))
-            .flat_map(|il| {
-                let f = freq[il].clone();
-                (0..n_ff as u32).map(move |i| {
-                    let score = f.as_ref().map_or(-(i as f32), |f| f[i as usize]);
-                    (score, il, i)
-                })
+        let frequencies = placement::stats::frequencies(model.file())
+            .map(|(f, _)| f)
+            .unwrap_or_else(|_| vec![vec![1.0; n_ff]; n_layer]);
+        let layers = frequencies
+            .into_iter()
+            .enumerate()
+            .map(|(il, f)| placement::Layer {
+                neuron_bytes: neuron_bytes(model, il),
+                // a layer the GPU cannot run is worth nothing there
+                frequencies: if usable(il) { f } else { vec![0.0; f.len()] },
+                dense_bytes: 0,
             })
             .collect();
-        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let mut left = budget;
-        for (_, il, i) in order {
-            let cost = neuron_bytes(model, il);
-            if cost > left {
-                break;
-            }
-            left -= cost;
-            hot[il].push(i);
-        }
-        hot.iter_mut().for_each(|h| h.sort_unstable());
-    } else {
-        let mut left = budget;
+        let problem = placement::Problem {
+            layers,
+            globals: Vec::new(),
+            budget,
+        };
+        let mut hot = placement::solve(&problem)?.hot;
         for (il, h) in hot.iter_mut().enumerate() {
-            let cost = neuron_bytes(model, il) * n_ff as u64;
-            if !usable(il) || cost > left {
-                break;
+            if !usable(il) {
+                h.clear();
             }
-            left -= cost;
-            *h = (0..n_ff as u32).collect();
         }
+        return Ok(hot);
     }
-    hot
+    let mut hot = vec![Vec::new(); n_layer];
+    let mut left = budget;
+    for (il, h) in hot.iter_mut().enumerate() {
+        let cost = neuron_bytes(model, il) * n_ff as u64;
+        if !usable(il) || cost > left {
+            break;
+        }
+        left -= cost;
+        *h = (0..n_ff as u32).collect();
+    }
+    Ok(hot)
 }
 
 #[cfg(test)]
@@ -229,7 +226,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::gguf::GgufFile;
+    use crate::gguf::{GgufFile, MetaArray, MetaValue};
+    use crate::placement::FREQUENCY_KEY_PREFIX;
     use crate::synth::{self, SynthConfig};
 
     fn tiny(frequencies: Option<&[Vec<f32>]>) -> Model {
@@ -251,14 +249,22 @@ mod tests {
         let per = neuron_bytes(&model, 0);
         let n_ff = model.hp.n_ff;
         assert_eq!(ffn_bytes(&model), per * (n_ff * model.hp.n_layer) as u64);
-        let hot = hot_neurons(&model, per * 10 + per / 2, |_| true);
+        let hot = hot_neurons(&model, per * 10 + per / 2, |_| true).unwrap();
         assert_eq!(hot.iter().map(Vec::len).sum::<usize>(), 10);
-        // Without statistics the layers share alike, lowest ids first.
-        assert_eq!(hot[0], (0..5).collect::<Vec<u32>>());
-        assert_eq!(hot[1], (0..5).collect::<Vec<u32>>());
-        let all = hot_neurons(&model, u64::MAX, |_| true);
+        // The synthetic file's own target frequencies pick the neurons: the most frequent ones.
+        let (freq, _) = placement::stats::frequencies(model.file()).unwrap();
+        let mut all_freq: Vec<f32> = freq.iter().flatten().copied().collect();
+        all_freq.sort_by(|a, b| b.total_cmp(a));
+        let chosen: f32 = (0..2)
+            .flat_map(|il| hot[il].iter().map(move |&i| (il, i)))
+            .map(|(il, i)| freq[il][i as usize])
+            .sum();
+        let best: f32 = all_freq[..10].iter().sum();
+        assert!((chosen - best).abs() <= 1e-5 * best, "{chosen} vs {best}");
+        assert!(hot.iter().all(|h| h.windows(2).all(|w| w[0] < w[1])));
+        let all = hot_neurons(&model, u64::MAX, |_| true).unwrap();
         assert!(all.iter().all(|h| h.len() == n_ff));
-        let none = hot_neurons(&model, u64::MAX, |il| il == 1);
+        let none = hot_neurons(&model, u64::MAX, |il| il == 1).unwrap();
         assert!(none[0].is_empty() && none[1].len() == n_ff);
     }
 
@@ -272,7 +278,7 @@ mod tests {
         f1[n_ff - 3..].fill(0.9);
         let model = tiny(Some(&[f0, f1]));
         let per = neuron_bytes(&model, 0);
-        let hot = hot_neurons(&model, per * 4, |_| true);
+        let hot = hot_neurons(&model, per * 4, |_| true).unwrap();
         assert_eq!(hot[0], vec![7]);
         let n = n_ff as u32;
         assert_eq!(hot[1], vec![n - 3, n - 2, n - 1]);

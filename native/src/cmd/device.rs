@@ -49,7 +49,8 @@ impl Budget {
     }
 }
 
-/// Parses `24MiB`, `8GiB`, `1.5GB`, `300kB`, `4096`, `50%`.
+/// Parses a size as [`super::size_arg::parse_size`] does (`24MiB`, `8GiB`, `1.5GB`, `0`), or a
+/// share of the FFN (`50%`).
 pub fn parse_budget(s: &str) -> Result<Budget, String> {
     let t = s.trim();
     if let Some(p) = t.strip_suffix('%') {
@@ -62,26 +63,7 @@ pub fn parse_budget(s: &str) -> Result<Budget, String> {
         }
         return Ok(Budget::Share(v / 100.0));
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("bad size {s:?} (e.g. 512MiB, 8GiB, 50%)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1024.0 * 1024.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tb" => 1e12,
-        "tib" => 1024f64.powi(4),
-        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
-    };
-    Ok(Budget::Bytes((v * mult) as u64))
+    super::size_arg::parse_size(t).map(Budget::Bytes)
 }
 
 impl DeviceArgs {
@@ -132,7 +114,11 @@ mod tests {
         assert_eq!(parse_budget("24MiB"), Ok(Budget::Bytes(24 << 20)));
         assert_eq!(parse_budget("8GiB"), Ok(Budget::Bytes(8 << 30)));
         assert_eq!(parse_budget("1.5GB"), Ok(Budget::Bytes(1_500_000_000)));
-        assert_eq!(parse_budget("4096"), Ok(Budget::Bytes(4096)));
+        assert_eq!(parse_budget("4096B"), Ok(Budget::Bytes(4096)));
+        assert!(
+            parse_budget("4096").is_err(),
+            "a bare number is ambiguous (GiB or bytes?)"
+        );
         assert_eq!(parse_budget("50%"), Ok(Budget::Share(0.5)));
         assert!(parse_budget("12XB").is_err());
         assert!(parse_budget("150%").is_err());
