@@ -186,7 +186,7 @@ fn select(row: &[f32], keep: impl Fn(f32) -> bool) -> Vec<u32> {
 }
 
 /// The FFN activations (`n × n_ff`, zero outside each token's chosen set), computing gate (unless
-/// given densely) and up only for the union of the chosen sets.
+/// given densely) and up only for each token's chosen neurons.
 #[allow(clippy::too_many_arguments)]
 fn sparse_activations(
     model: &Model,
@@ -200,44 +200,28 @@ fn sparse_activations(
     density: &mut FfnDensity,
 ) -> Result<Vec<f32>> {
     let n_ff = model.hp.n_ff;
-    let union = union_of(chosen, n_ff);
-    let m = union.len();
-    let up = gather(model, &layer.up, &union, h, n)?;
+    let up = gather_sets(model, &layer.up, chosen, h)?;
     let gate = match dense_gate {
         Some(_) => None,
-        None => Some(gather(model, &layer.gate, &union, h, n)?),
+        None => Some(gather_sets(model, &layer.gate, chosen, h)?),
     };
     let mut a = vec![0f32; n * n_ff];
+    // the gathered values are packed token after token, each in its set's order
+    let mut off = 0;
     for (t, set) in chosen.iter().enumerate() {
         let row = &mut a[t * n_ff..(t + 1) * n_ff];
-        // Walk the token's set and the union together: both are sorted.
-        let mut k = 0;
-        for &i in set {
-            while union[k] != i {
-                k += 1;
-            }
+        for (k, &i) in set.iter().enumerate() {
             let g = match (dense_gate, &gate) {
                 (Some(dense), _) => dense[t * n_ff + i as usize],
-                (None, Some(gathered)) => gathered[t * m + k],
+                (None, Some(gathered)) => gathered[off + k],
                 (None, None) => unreachable!("gate is gathered when not given"),
             };
-            row[i as usize] = act.combine(g, up[t * m + k]);
+            row[i as usize] = act.combine(g, up[off + k]);
         }
+        off += set.len();
     }
     density.record(il, chosen.iter().map(Vec::len).sum(), n);
     Ok(a)
-}
-
-/// The sorted union of the per-token index sets.
-fn union_of(sets: &[Vec<u32>], n_ff: usize) -> Vec<u32> {
-    if let [only] = sets {
-        return only.clone();
-    }
-    let mut mark = vec![false; n_ff];
-    for &i in sets.iter().flatten() {
-        mark[i as usize] = true;
-    }
-    (0..n_ff as u32).filter(|&i| mark[i as usize]).collect()
 }
 
 /// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
@@ -268,22 +252,16 @@ fn matmul(model: &Model, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
     Ok(y)
 }
 
-fn gather(model: &Model, w: &Weight, rows: &[u32], x: &[f32], n: usize) -> Result<Vec<f32>> {
-    let mut y = vec![0f32; n * rows.len()];
-    cpu::gather_matmul(&model.matrix(w), rows, x, n, &mut y)?;
+/// `w`'s rows of each token's set times that token's input, packed token after token.
+fn gather_sets(model: &Model, w: &Weight, sets: &[Vec<u32>], x: &[f32]) -> Result<Vec<f32>> {
+    let mut y = vec![0f32; sets.iter().map(Vec::len).sum()];
+    cpu::sparse::gather_matmul_sets(&model.matrix(w), sets, x, &mut y)?;
     Ok(y)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn union_is_sorted_and_deduplicated() {
-        assert_eq!(union_of(&[vec![1, 5], vec![0, 5, 7]], 8), vec![0, 1, 5, 7]);
-        assert_eq!(union_of(&[vec![2, 3]], 8), vec![2, 3]);
-        assert_eq!(union_of(&[vec![], vec![]], 4), Vec::<u32>::new());
-    }
 
     #[test]
     fn select_keeps_passing_entries() {
