@@ -1,11 +1,13 @@
-//! Sparse FFN operators: [`gather_matmul`] (gate/up rows of the active neurons) and
-//! [`sparse_axpy`] (the down projection as a sum of the active neurons' rows of the transposed,
+//! Sparse FFN operators: [`gather_matmul`] (gate/up rows of the active neurons for every token),
+//! [`gather_matmul_sets`] (only each token's own chosen rows) and [`sparse_axpy`] (the down projection as a sum of the active neurons' rows of the transposed,
 //! neuron-major down matrix).
 //!
 //! [`gather_matmul`] reuses the dense path's activation quantisation and row kernels (and, for
 //! batches on AVX-512, its packed kernels), so each gathered output is bit-identical to the same
 //! entry of [`matmul`](super::matmul). Consecutive indices that form a contiguous run of rows are
-//! handed to the kernels together (up to [`MR`] rows), as in the dense path.
+//! handed to the kernels together (up to [`MR`] rows), as in the dense path. [`gather_matmul_sets`]
+//! reads each row of the union of the tokens' sets once and runs the same row kernels on it for
+//! the runs of consecutive tokens that chose it, so it gives the same bits with less work.
 //!
 //! [`sparse_axpy`] dequantises each active row segment exactly (every supported format's values
 //! are exact f32 products) and accumulates `out = fma(a, w, out)` element by element, in neuron
@@ -114,12 +116,7 @@ fn gather_rows(
 ) {
     let n = idx.len();
     let rb = w.row_bytes();
-    let threads = rayon::current_num_threads().max(1);
-    let min_rows = (16 * 1024 / rb.max(1)).max(MR);
-    let mut chunk = n.div_ceil(threads * 8).max(min_rows);
-    if n_tokens > 1 {
-        chunk = chunk.min((64 * 1024 / rb.max(1)).max(MR));
-    }
+    let chunk = gather_chunk(n, rb, n_tokens);
     let n_chunks = n.div_ceil(chunk);
     let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
     let out = OutPtr(y.as_mut_ptr());
@@ -139,10 +136,7 @@ fn gather_rows(
                 if t0 == 0 {
                     // prefetch the rows `ahead` indices in front of the ones being read
                     while pf < k1 && pf < k + nr + ahead {
-                        let base = idx[pf] as usize * rb;
-                        for off in (0..rb).step_by(64) {
-                            prefetch(&w.data[base + off]);
-                        }
+                        prefetch_row(w, idx[pf], rb);
                         pf += 1;
                     }
                 }
@@ -168,11 +162,7 @@ fn gather_rows(
             t0 += nt;
         }
     };
-    if n_chunks == 1 || threads == 1 {
-        (0..n_chunks).for_each(task);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(task);
-    }
+    for_each_chunk(n_chunks, task);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -236,7 +226,216 @@ fn gather_packed(
         super::PACKED.with(|p| p.set(Some(packed)));
         GATHERED.with(|g| g.set(rows));
     };
-    if n_chunks == 1 || threads == 1 {
+    for_each_chunk(n_chunks, task);
+}
+
+/// Computes, for each token `t` and each index `sets[t][k]`,
+/// `y[off(t) + k] = dot(W row sets[t][k], x token t)` with `off(t) = Σ_{s<t} sets[s].len()`: only
+/// the (token, row) pairs asked for, in the tokens' order and each token's set order.
+///
+/// `x` holds `sets.len()` token rows of `w.cols` values. Every output is bit-identical to the
+/// corresponding entry of [`matmul`](super::matmul) (same activation quantisation, same row
+/// kernels). Each row of the union of the sets is read once, and its dot products are computed
+/// only for the tokens whose set holds it (consecutive tokens together, up to [`NT`] per kernel
+/// call). Indices may repeat and come in any order. Runs in parallel on the current rayon pool
+/// over chunks of the union's rows; the result does not depend on the thread count.
+///
+/// Errors: [`Error::InvalidArgument`] for a malformed matrix, an index `>= w.rows` or wrong
+/// `x`/`y` lengths; [`Error::UnsupportedType`] for a weight type without kernels.
+pub fn gather_matmul_sets<S: AsRef<[u32]>>(
+    w: &Matrix,
+    sets: &[S],
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    gather_matmul_sets_at(Level::current(), w, sets, x, y)
+}
+
+pub(crate) fn gather_matmul_sets_at<S: AsRef<[u32]>>(
+    level: Level,
+    w: &Matrix,
+    sets: &[S],
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    w.validate()?;
+    let kind = kind_for(w.ty).ok_or(Error::UnsupportedType {
+        ty: w.ty.name(),
+        op: "gather_matmul_sets",
+    })?;
+    let n_tokens = sets.len();
+    if n_tokens.checked_mul(w.cols) != Some(x.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n_tokens} tokens × {} columns",
+            x.len(),
+            w.cols
+        )));
+    }
+    let pairs: usize = sets.iter().map(|s| s.as_ref().len()).sum();
+    if pairs != y.len() {
+        return Err(Error::InvalidArgument(format!(
+            "y has {} values, expected {pairs} (the sets' total length)",
+            y.len()
+        )));
+    }
+    if u32::try_from(pairs).is_err() {
+        return Err(Error::InvalidArgument(format!(
+            "{pairs} (token, row) pairs are too many for one call"
+        )));
+    }
+    if let Some(&bad) = sets
+        .iter()
+        .flat_map(|s| s.as_ref())
+        .find(|&&r| r as usize >= w.rows)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "row index {bad} out of range for a matrix of {} rows",
+            w.rows
+        )));
+    }
+    if pairs == 0 {
+        return Ok(());
+    }
+
+    let mut acts = SCRATCH.with(|s| s.take()).unwrap_or_default();
+    acts.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
+    let kernel = kernel_for(level, w.ty);
+    if let [only] = sets {
+        // one token: its outputs are gather_matmul's, which runs contiguous rows together
+        gather_rows(kernel, w, only.as_ref(), &acts, 1, y);
+    } else {
+        let mut pairs = PAIRS.with(|p| p.take()).unwrap_or_default();
+        pairs.build(sets, w.rows);
+        gather_pairs(kernel, w, &pairs, &acts, y);
+        PAIRS.with(|p| p.set(Some(pairs)));
+    }
+    SCRATCH.with(|s| s.set(Some(acts)));
+    Ok(())
+}
+
+/// The (token, row) pairs of a [`gather_matmul_sets`] call grouped by row: row `rows[j]` is
+/// needed by the tokens `toks[start[j]..start[j+1]]` (ascending), whose outputs go to `y[outs[..]]`
+/// at the same positions.
+#[derive(Default)]
+struct Pairs {
+    rows: Vec<u32>,
+    start: Vec<u32>,
+    toks: Vec<u32>,
+    outs: Vec<u32>,
+    /// Per matrix row: its pair count, then its next free position in `toks`/`outs`.
+    cursor: Vec<u32>,
+}
+
+impl Pairs {
+    /// Groups the sets' pairs by row (a counting sort; `sets` are in range, their total fits u32).
+    fn build<S: AsRef<[u32]>>(&mut self, sets: &[S], n_rows: usize) {
+        self.rows.clear();
+        self.start.clear();
+        self.cursor.clear();
+        self.cursor.resize(n_rows, 0);
+        for &r in sets.iter().flat_map(|s| s.as_ref()) {
+            self.cursor[r as usize] += 1;
+        }
+        let mut pos = 0u32;
+        for (r, c) in self.cursor.iter_mut().enumerate() {
+            if *c > 0 {
+                self.rows.push(r as u32);
+                self.start.push(pos);
+                (pos, *c) = (pos + *c, pos);
+            }
+        }
+        self.start.push(pos);
+        self.toks.clear();
+        self.toks.resize(pos as usize, 0);
+        self.outs.clear();
+        self.outs.resize(pos as usize, 0);
+        let mut off = 0u32;
+        for (t, set) in sets.iter().enumerate() {
+            for &r in set.as_ref() {
+                let p = self.cursor[r as usize] as usize;
+                self.cursor[r as usize] += 1;
+                self.toks[p] = t as u32;
+                self.outs[p] = off;
+                off += 1;
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Reused pair lists (taken out during a call, so nested calls just allocate).
+    static PAIRS: std::cell::Cell<Option<Box<Pairs>>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs the pairs: each task walks a chunk of the union's rows, prefetching ahead, and computes
+/// each row's dots for its runs of consecutive tokens.
+fn gather_pairs(kernel: Kernel, w: &Matrix, p: &Pairs, acts: &Acts, y: &mut [f32]) {
+    let n = p.rows.len();
+    let rb = w.row_bytes();
+    let chunk = gather_chunk(n, rb, 2);
+    let n_chunks = n.div_ceil(chunk);
+    let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
+    let out = OutPtr(y.as_mut_ptr());
+    let task = move |c: usize| {
+        let out = out;
+        let j0 = c * chunk;
+        let j1 = (j0 + chunk).min(n);
+        let mut tile = [0f32; MR * NT];
+        let mut pf = j0;
+        for j in j0..j1 {
+            while pf < j1 && pf <= j + ahead {
+                prefetch_row(w, p.rows[pf], rb);
+                pf += 1;
+            }
+            let r = p.rows[j] as usize;
+            let row = &w.data[r * rb..(r + 1) * rb];
+            let (s, e) = (p.start[j] as usize, p.start[j + 1] as usize);
+            let mut q = s;
+            while q < e {
+                let t0 = p.toks[q] as usize;
+                let mut nt = 1;
+                while nt < NT && q + nt < e && p.toks[q + nt] as usize == t0 + nt {
+                    nt += 1;
+                }
+                kernel(row, rb, 1, acts, t0, nt, &mut tile);
+                for (i, &v) in tile[..nt].iter().enumerate() {
+                    // SAFETY: outs are distinct positions < y.len(), and the pairs of row j
+                    // belong to this task alone.
+                    unsafe { *out.0.add(p.outs[q + i] as usize) = v };
+                }
+                q += nt;
+            }
+        }
+    };
+    for_each_chunk(n_chunks, task);
+}
+
+/// Prefetches weight row `r` (of `rb` bytes).
+#[inline]
+fn prefetch_row(w: &Matrix, r: u32, rb: usize) {
+    let base = r as usize * rb;
+    for off in (0..rb).step_by(64) {
+        prefetch(&w.data[base + off]);
+    }
+}
+
+/// Gathered rows per task: enough tasks for load balance (8 per thread), each at least ~16 KiB of
+/// weights, and for batches at most ~64 KiB so that a task's rows stay in cache while it sweeps
+/// the tokens.
+fn gather_chunk(n: usize, rb: usize, n_tokens: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let min_rows = (16 * 1024 / rb.max(1)).max(MR);
+    let mut chunk = n.div_ceil(threads * 8).max(min_rows);
+    if n_tokens > 1 {
+        chunk = chunk.min((64 * 1024 / rb.max(1)).max(MR));
+    }
+    chunk
+}
+
+/// Runs `task` on `0..n_chunks`: in parallel on the current rayon pool, or inline when there is
+/// one chunk or one thread.
+fn for_each_chunk(n_chunks: usize, task: impl Fn(usize) + Send + Sync) {
+    if n_chunks == 1 || rayon::current_num_threads() <= 1 {
         (0..n_chunks).for_each(task);
     } else {
         (0..n_chunks).into_par_iter().for_each(task);
@@ -534,11 +733,7 @@ fn run_axpy(
             };
         }
     };
-    if n_chunks == 1 || threads == 1 {
-        (0..n_chunks).for_each(task);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(task);
-    }
+    for_each_chunk(n_chunks, task);
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -365,3 +365,160 @@ fn axpy_errors() {
     let mut out = [0.0; 64];
     sparse_axpy(&w, &[1.0; 8], 1, &mut out).unwrap();
 }
+
+/// Per-token sets for `n_tokens` tokens over `rows` rows: random subsets (some empty), all rows,
+/// and unsorted ones with repeats.
+fn token_sets(rows: usize, n_tokens: usize, rng: &mut Rng) -> Vec<Vec<Vec<u32>>> {
+    let subset = |rng: &mut Rng, keep: usize| -> Vec<u32> {
+        (0..rows as u32).filter(|_| rng.below(keep) == 0).collect()
+    };
+    let random: Vec<Vec<u32>> = (0..n_tokens)
+        .map(|t| {
+            if t % 3 == 1 {
+                Vec::new()
+            } else {
+                subset(rng, 4)
+            }
+        })
+        .collect();
+    let sparse: Vec<Vec<u32>> = (0..n_tokens).map(|_| subset(rng, 10)).collect();
+    let all: Vec<Vec<u32>> = (0..n_tokens).map(|_| (0..rows as u32).collect()).collect();
+    let shuffled: Vec<Vec<u32>> = (0..n_tokens)
+        .map(|_| (0..rows).map(|_| rng.below(rows) as u32).collect())
+        .collect();
+    let empty: Vec<Vec<u32>> = vec![Vec::new(); n_tokens];
+    vec![random, sparse, all, shuffled, empty]
+}
+
+/// Checks `gather_matmul_sets_at` on `level` against the dense product's entries, bit for bit.
+fn check_sets(
+    level: Level,
+    w: &Matrix,
+    sets: &[Vec<u32>],
+    x: &[f32],
+    dense: &[f32],
+    threads: usize,
+) {
+    let total: usize = sets.iter().map(Vec::len).sum();
+    let mut y = vec![f32::NAN; total];
+    pool(threads)
+        .install(|| gather_matmul_sets_at(level, w, sets, x, &mut y))
+        .unwrap();
+    let mut off = 0;
+    for (t, set) in sets.iter().enumerate() {
+        for (k, &r) in set.iter().enumerate() {
+            assert_eq!(
+                y[off + k].to_bits(),
+                dense[t * w.rows + r as usize].to_bits(),
+                "{} {level:?} n_tokens={} threads={threads} t={t} k={k} row={r}",
+                w.ty,
+                sets.len()
+            );
+        }
+        off += set.len();
+    }
+}
+
+#[test]
+fn gather_sets_is_bit_identical_to_dense() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for &ty in TYPES {
+        let cols = if ty.block_size() == 256 { 512 } else { 96 };
+        let rows = 37;
+        let data = weights(ty, rows, cols, &mut rng);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        for level in matmul_levels() {
+            for n_tokens in [1, 2, 3, 5, 9] {
+                let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.f()).collect();
+                let mut dense = vec![0f32; n_tokens * rows];
+                matmul_at(level, &w, &x, n_tokens, &mut dense).unwrap();
+                for sets in token_sets(rows, n_tokens, &mut rng) {
+                    for threads in [1, 3] {
+                        check_sets(level, &w, &sets, &x, &dense, threads);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gather_sets_large_rows_match_dense() {
+    // enough rows for several tasks and the prefetch window, at the default level
+    let mut rng = Rng(4242);
+    for ty in [GgmlType::Q4_0, GgmlType::F16, GgmlType::Q8_0] {
+        let (rows, cols) = (600, 256);
+        let data = weights(ty, rows, cols, &mut rng);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        for n_tokens in [2, 8, 12] {
+            let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.f()).collect();
+            let mut dense = vec![0f32; n_tokens * rows];
+            matmul(&w, &x, n_tokens, &mut dense).unwrap();
+            let sets: Vec<Vec<u32>> = (0..n_tokens)
+                .map(|_| (0..rows as u32).filter(|_| rng.below(10) == 0).collect())
+                .collect();
+            check_sets(Level::current(), &w, &sets, &x, &dense, 2);
+        }
+    }
+}
+
+#[test]
+fn gather_sets_errors() {
+    let mut rng = Rng(11);
+    let data = weights(GgmlType::Q4_0, 8, 64, &mut rng);
+    let w = Matrix::new(GgmlType::Q4_0, 8, 64, &data).unwrap();
+    let x = vec![0.5f32; 128];
+    let mut y = vec![0f32; 3];
+    let bad = |r: Result<()>| assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    bad(gather_matmul_sets(&w, &[vec![1, 8], vec![0]], &x, &mut y));
+    bad(gather_matmul_sets(
+        &w,
+        &[vec![1], vec![u32::MAX, 0]],
+        &x,
+        &mut y,
+    ));
+    bad(gather_matmul_sets(
+        &w,
+        &[vec![1, 2], vec![3]],
+        &x[..100],
+        &mut y,
+    ));
+    bad(gather_matmul_sets(
+        &w,
+        &[vec![1, 2], vec![3]],
+        &x[..64],
+        &mut y,
+    ));
+    bad(gather_matmul_sets(
+        &w,
+        &[vec![1, 2], vec![3, 4]],
+        &x,
+        &mut y,
+    ));
+    bad(gather_matmul_sets(&w, &[vec![1], vec![3]], &x, &mut y));
+    let short = Matrix {
+        data: &data[..10],
+        ..w
+    };
+    bad(gather_matmul_sets(
+        &short,
+        &[vec![1, 2], vec![3]],
+        &x,
+        &mut y,
+    ));
+    let none: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    gather_matmul_sets(&w, &none, &x, &mut []).unwrap();
+    gather_matmul_sets::<Vec<u32>>(&w, &[], &[], &mut []).unwrap();
+    gather_matmul_sets(&w, &[vec![1, 7], vec![0]], &x, &mut y).unwrap();
+    // a type without kernels
+    let q2k = Matrix {
+        ty: GgmlType::Q2_K,
+        rows: 1,
+        cols: 256,
+        data: &[0u8; 84],
+    };
+    assert!(matches!(
+        gather_matmul_sets(&q2k, &[vec![0u32]], &[0.5; 256], &mut [0.0]),
+        Err(Error::UnsupportedType { .. })
+    ));
+}

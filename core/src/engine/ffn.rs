@@ -225,7 +225,7 @@ fn select(row: &[f32], keep: impl Fn(f32) -> bool) -> Vec<u32> {
 }
 
 /// The FFN activations (`n × n_ff`, zero outside each token's chosen set), computing gate (unless
-/// given densely) and up only for the union of the chosen sets.
+/// given densely) and up only for each token's chosen neurons.
 #[allow(clippy::too_many_arguments)]
 fn sparse_activations(
     model: &Model,
@@ -240,90 +240,54 @@ fn sparse_activations(
     let n_ff = model.hp.n_ff;
     let layer = &model.layers[il];
     let act: FfnActivation = model.hp.ffn_act;
-    let union = union_of(chosen, n_ff);
-    let m = union.len();
-    let mut a = vec![0f32; n * n_ff];
-    if layer.gate.is_none() {
-        // No gate: up decides and is the neuron's only input.
-        let gathered = match dense_gate {
-            Some(_) => None,
-            None => {
-                let mut up = offload.gather(model, il, FfnTensor::Up, &union, h, n)?;
-                add_up_bias(layer, &union, &mut up);
-                Some(up)
-            }
-        };
-        for (t, set) in chosen.iter().enumerate() {
-            for_each_in_union(set, &union, |i, k| {
-                let u = match (dense_gate, &gathered) {
-                    (Some(dense), _) => dense[t * n_ff + i],
-                    (None, Some(g)) => g[t * m + k],
-                    (None, None) => unreachable!("up is gathered when not given"),
-                };
-                a[t * n_ff + i] = act.gate(u);
-            });
+    let gated = layer.gate.is_some();
+    // The pre-activations of each token's chosen neurons, packed token after token. An FFN
+    // without gate decides with up (with its bias), which `dense_gate` then already holds.
+    let (gate, mut up) = match (gated, dense_gate) {
+        (true, None) => {
+            let (gate, up) = offload.gather_gate_up_sets(model, il, chosen, h)?;
+            (Some(gate), Some(up))
         }
-        density.record(il, chosen.iter().map(Vec::len).sum(), n);
-        return Ok(a);
-    }
-    let (gate, mut up) = match dense_gate {
-        Some(_) => (
+        (true, Some(_)) | (false, None) => (
             None,
-            offload.gather(model, il, FfnTensor::Up, &union, h, n)?,
+            Some(offload.gather_sets(model, il, FfnTensor::Up, chosen, h)?),
         ),
-        None => {
-            let (gate, up) = offload.gather_gate_up(model, il, &union, h, n)?;
-            (Some(gate), up)
-        }
+        (false, Some(_)) => (None, None),
     };
-    add_up_bias(layer, &union, &mut up);
+    if let Some(up) = &mut up {
+        add_up_bias(layer, chosen, up);
+    }
+    let mut a = vec![0f32; n * n_ff];
+    let mut off = 0;
     for (t, set) in chosen.iter().enumerate() {
-        for_each_in_union(set, &union, |i, k| {
-            let g = match (dense_gate, &gate) {
-                (Some(dense), _) => dense[t * n_ff + i],
-                (None, Some(gathered)) => gathered[t * m + k],
-                (None, None) => unreachable!("gate is gathered when not given"),
+        for (k, &i) in set.iter().enumerate() {
+            let (i, p) = (t * n_ff + i as usize, off + k);
+            let pick = |gathered: &Option<Vec<f32>>| match (gathered, dense_gate) {
+                (Some(g), _) => g[p],
+                (None, Some(dense)) => dense[i],
+                (None, None) => unreachable!("computed densely when not gathered"),
             };
-            a[t * n_ff + i] = act.combine(g, up[t * m + k]);
-        });
+            a[i] = if gated {
+                let up = up.as_ref().expect("a gated FFN gathers up");
+                act.combine(pick(&gate), up[p])
+            } else {
+                act.gate(pick(&up))
+            };
+        }
+        off += set.len();
     }
     density.record(il, chosen.iter().map(Vec::len).sum(), n);
     Ok(a)
 }
 
-/// Calls `f(i, k)` for each neuron `i` of the sorted `set`, with `k` its position in the sorted
-/// `union` (a superset): both are walked together.
-fn for_each_in_union(set: &[u32], union: &[u32], mut f: impl FnMut(usize, usize)) {
-    let mut k = 0;
-    for &i in set {
-        while union[k] != i {
-            k += 1;
-        }
-        f(i as usize, k);
-    }
-}
-
-/// Adds up's bias to its gathered pre-activations `y` of the neurons `rows` (`n × rows.len()`).
-fn add_up_bias(layer: &LayerWeights, rows: &[u32], y: &mut [f32]) {
+/// Adds up's bias to its gathered pre-activations `y` of each token's neurons `sets[t]`, packed
+/// token after token.
+fn add_up_bias(layer: &LayerWeights, sets: &[Vec<u32>], y: &mut [f32]) {
     if let Some(b) = &layer.up_b {
-        for row in y.chunks_exact_mut(rows.len().max(1)) {
-            row.iter_mut()
-                .zip(rows)
-                .for_each(|(v, &i)| *v += b[i as usize]);
-        }
+        y.iter_mut()
+            .zip(sets.iter().flatten())
+            .for_each(|(v, &i)| *v += b[i as usize]);
     }
-}
-
-/// The sorted union of the per-token index sets.
-fn union_of(sets: &[Vec<u32>], n_ff: usize) -> Vec<u32> {
-    if let [only] = sets {
-        return only.clone();
-    }
-    let mut mark = vec![false; n_ff];
-    for &i in sets.iter().flatten() {
-        mark[i as usize] = true;
-    }
-    (0..n_ff as u32).filter(|&i| mark[i as usize]).collect()
 }
 
 /// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
@@ -355,13 +319,6 @@ fn matmul(model: &Model, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn union_is_sorted_and_deduplicated() {
-        assert_eq!(union_of(&[vec![1, 5], vec![0, 5, 7]], 8), vec![0, 1, 5, 7]);
-        assert_eq!(union_of(&[vec![2, 3]], 8), vec![2, 3]);
-        assert_eq!(union_of(&[vec![], vec![]], 4), Vec::<u32>::new());
-    }
 
     #[test]
     fn select_keeps_passing_entries() {

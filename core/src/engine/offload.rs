@@ -72,9 +72,69 @@ pub trait FfnOffload: Send + Sync {
         Ok((gate, up))
     }
 
+    /// Gate or up rows of each token's sorted set `sets[t]` times that token's row of `x`, packed
+    /// token after token (`Σ |sets[t]|` values), as [`crate::cpu::sparse::gather_matmul_sets`]
+    /// computes them. By default: [`FfnOffload::gather`] over the union of the sets, repacked.
+    fn gather_sets(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        sets: &[Vec<u32>],
+        x: &[f32],
+    ) -> Result<Vec<f32>> {
+        let union = union_of(sets, model.hp.n_ff);
+        let gathered = self.gather(model, il, which, &union, x, sets.len())?;
+        Ok(pack_sets(&gathered, &union, sets))
+    }
+
+    /// [`FfnOffload::gather_sets`] of gate and of up: `(gate, up)`. By default:
+    /// [`FfnOffload::gather_gate_up`] over the union of the sets, repacked.
+    fn gather_gate_up_sets(
+        &self,
+        model: &Model,
+        il: usize,
+        sets: &[Vec<u32>],
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let union = union_of(sets, model.hp.n_ff);
+        let (gate, up) = self.gather_gate_up(model, il, &union, x, sets.len())?;
+        Ok((pack_sets(&gate, &union, sets), pack_sets(&up, &union, sets)))
+    }
+
     /// The down projection over the neuron-major `ffn_down_t` with coefficients `a`
     /// (`n × n_ff`, already rounded as `cpu::matmul` rounds its input), `n × n_embd`.
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>>;
+}
+
+/// The sorted union of the per-token sorted index sets.
+fn union_of(sets: &[Vec<u32>], n_ff: usize) -> Vec<u32> {
+    if let [only] = sets {
+        return only.clone();
+    }
+    let mut mark = vec![false; n_ff];
+    for &i in sets.iter().flatten() {
+        mark[i as usize] = true;
+    }
+    (0..n_ff as u32).filter(|&i| mark[i as usize]).collect()
+}
+
+/// From `gathered` (`sets.len() × union.len()`, token-major), each token's values of its own
+/// set, packed token after token.
+fn pack_sets(gathered: &[f32], union: &[u32], sets: &[Vec<u32>]) -> Vec<f32> {
+    let m = union.len();
+    let mut out = Vec::with_capacity(sets.iter().map(Vec::len).sum());
+    for (t, set) in sets.iter().enumerate() {
+        // both are sorted: walk them together
+        let mut k = 0;
+        for &i in set {
+            while union[k] != i {
+                k += 1;
+            }
+            out.push(gathered[t * m + k]);
+        }
+    }
+    out
 }
 
 /// Every FFN product on the CPU.
@@ -135,6 +195,32 @@ impl FfnOffload for CpuFfn {
         let mut y = vec![0f32; n * rows.len()];
         cpu::gather_matmul(&model.matrix(w), rows, x, n, &mut y)?;
         Ok(y)
+    }
+
+    fn gather_sets(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        sets: &[Vec<u32>],
+        x: &[f32],
+    ) -> Result<Vec<f32>> {
+        let w = ffn_weight(model, il, which)?;
+        let mut y = vec![0f32; sets.iter().map(Vec::len).sum()];
+        cpu::sparse::gather_matmul_sets(&model.matrix(w), sets, x, &mut y)?;
+        Ok(y)
+    }
+
+    fn gather_gate_up_sets(
+        &self,
+        model: &Model,
+        il: usize,
+        sets: &[Vec<u32>],
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let gate = self.gather_sets(model, il, FfnTensor::Gate, sets, x)?;
+        let up = self.gather_sets(model, il, FfnTensor::Up, sets, x)?;
+        Ok((gate, up))
     }
 
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -241,6 +327,27 @@ mod tests {
         }
         let file = GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap();
         Model::from_file(Arc::new(file)).unwrap()
+    }
+
+    #[test]
+    fn union_is_sorted_and_deduplicated() {
+        assert_eq!(union_of(&[vec![1, 5], vec![0, 5, 7]], 8), vec![0, 1, 5, 7]);
+        assert_eq!(union_of(&[vec![2, 3]], 8), vec![2, 3]);
+        assert_eq!(union_of(&[vec![], vec![]], 4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn sets_are_packed_from_the_union() {
+        let sets = [vec![1, 5], vec![0, 5, 7]];
+        let union = union_of(&sets, 8);
+        // token t's value of neuron i is 10·t + i
+        let gathered: Vec<f32> = (0..2)
+            .flat_map(|t| union.iter().map(move |&i| (10 * t) as f32 + i as f32))
+            .collect();
+        assert_eq!(
+            pack_sets(&gathered, &union, &sets),
+            vec![1.0, 5.0, 10.0, 15.0, 17.0]
+        );
     }
 
     #[test]
