@@ -61,7 +61,7 @@ fn gpu_runs_write_the_cpu_text() {
 fn bad_budgets_are_clear_errors() {
     let gemma = model(DefaultModel::Gemma3_270m);
     for (flags, message) in [
-        (&["--vram-budget", "12XB"][..], "unknown size unit"),
+        (&["--vram-budget", "12XB"][..], "unknown unit"),
         (&["--vram-budget", "150%"][..], "between 0% and 100%"),
         (
             &["--device", "cpu", "--vram-budget", "1GiB"][..],

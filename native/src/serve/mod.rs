@@ -117,5 +117,6 @@ fn router(state: Arc<AppState>) -> Router {
             routes::require_key,
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(routes::reject_oversized))
         .with_state(state)
 }

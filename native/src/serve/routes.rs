@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -69,6 +69,28 @@ pub async fn require_key(State(st): Shared, req: Request, next: Next) -> Respons
         if req.uri().path() != "/health" && given != Some(key.as_str()) {
             return ApiError::unauthorized().into_response();
         }
+    }
+    next.run(req).await
+}
+
+/// Answers 413 at once to a request whose `Content-Length` is over [`super::BODY_LIMIT`], before
+/// its body is read (a body without a length is cut off at the limit while it is read).
+pub async fn reject_oversized(req: Request, next: Next) -> Response {
+    let length = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if length.is_some_and(|n| n > super::BODY_LIMIT as u64) {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!(
+                "the request body is larger than the limit of {} bytes",
+                super::BODY_LIMIT
+            ),
+        )
+        .into_response();
     }
     next.run(req).await
 }
