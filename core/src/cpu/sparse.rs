@@ -1,6 +1,6 @@
 //! Sparse FFN operators: [`gather_matmul`] (gate/up rows of the active neurons for every token),
-//! [`gather_matmul_sets`] (only each token's own chosen rows) and [`sparse_axpy`] (the down projection as a sum of the active neurons' rows of the transposed,
-//! neuron-major down matrix).
+//! [`gather_matmul_sets`] (only each token's own chosen rows) and [`sparse_axpy`] (the down
+//! projection as a sum of the active neurons' rows of the transposed, neuron-major down matrix).
 //!
 //! [`gather_matmul`] reuses the dense path's activation quantisation and row kernels (and, for
 //! batches on AVX-512, its packed kernels), so each gathered output is bit-identical to the same
@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use crate::quant::{GgmlType, QK};
 use crate::{Error, Result};
 
-use super::act::Acts;
+use super::act::{ActKind, Acts};
 use super::{
     kernel_for, kind_for, offset_shift, packed_for, prefetch, Kernel, Level, Matrix, OutPtr, MR,
     NT, PREFETCH_AHEAD, SCRATCH,
@@ -54,18 +54,7 @@ pub(crate) fn gather_matmul_at(
     n_tokens: usize,
     y: &mut [f32],
 ) -> Result<()> {
-    w.validate()?;
-    let kind = kind_for(w.ty).ok_or(Error::UnsupportedType {
-        ty: w.ty.name(),
-        op: "gather_matmul",
-    })?;
-    if n_tokens.checked_mul(w.cols) != Some(x.len()) {
-        return Err(Error::InvalidArgument(format!(
-            "x has {} values, expected {n_tokens} tokens × {} columns",
-            x.len(),
-            w.cols
-        )));
-    }
+    let kind = check_gather(w, "gather_matmul", x, n_tokens)?;
     if n_tokens.checked_mul(rows.len()) != Some(y.len()) {
         return Err(Error::InvalidArgument(format!(
             "y has {} values, expected {n_tokens} tokens × {} gathered rows",
@@ -73,12 +62,7 @@ pub(crate) fn gather_matmul_at(
             rows.len()
         )));
     }
-    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= w.rows) {
-        return Err(Error::InvalidArgument(format!(
-            "row index {bad} out of range for a matrix of {} rows",
-            w.rows
-        )));
-    }
+    check_rows(w, rows)?;
     if n_tokens == 0 || rows.is_empty() {
         return Ok(());
     }
@@ -92,6 +76,35 @@ pub(crate) fn gather_matmul_at(
     }
     SCRATCH.with(|s| s.set(Some(acts)));
     Ok(())
+}
+
+/// Checks a gather's matrix (well-formed, with kernels) and its `n_tokens` input rows `x`;
+/// returns the activation quantisation for the matrix's type.
+fn check_gather(w: &Matrix, op: &'static str, x: &[f32], n_tokens: usize) -> Result<ActKind> {
+    w.validate()?;
+    let kind = kind_for(w.ty).ok_or(Error::UnsupportedType {
+        ty: w.ty.name(),
+        op,
+    })?;
+    if n_tokens.checked_mul(w.cols) != Some(x.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "x has {} values, expected {n_tokens} tokens × {} columns",
+            x.len(),
+            w.cols
+        )));
+    }
+    Ok(kind)
+}
+
+/// Checks that every index of `rows` is a row of `w`.
+fn check_rows(w: &Matrix, rows: &[u32]) -> Result<()> {
+    match rows.iter().find(|&&r| r as usize >= w.rows) {
+        Some(bad) => Err(Error::InvalidArgument(format!(
+            "row index {bad} out of range for a matrix of {} rows",
+            w.rows
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Length of the run of contiguous rows starting at `idx[k]` (at most `max`, within `..end`).
@@ -258,19 +271,8 @@ pub(crate) fn gather_matmul_sets_at<S: AsRef<[u32]>>(
     x: &[f32],
     y: &mut [f32],
 ) -> Result<()> {
-    w.validate()?;
-    let kind = kind_for(w.ty).ok_or(Error::UnsupportedType {
-        ty: w.ty.name(),
-        op: "gather_matmul_sets",
-    })?;
     let n_tokens = sets.len();
-    if n_tokens.checked_mul(w.cols) != Some(x.len()) {
-        return Err(Error::InvalidArgument(format!(
-            "x has {} values, expected {n_tokens} tokens × {} columns",
-            x.len(),
-            w.cols
-        )));
-    }
+    let kind = check_gather(w, "gather_matmul_sets", x, n_tokens)?;
     let pairs: usize = sets.iter().map(|s| s.as_ref().len()).sum();
     if pairs != y.len() {
         return Err(Error::InvalidArgument(format!(
@@ -283,15 +285,8 @@ pub(crate) fn gather_matmul_sets_at<S: AsRef<[u32]>>(
             "{pairs} (token, row) pairs are too many for one call"
         )));
     }
-    if let Some(&bad) = sets
-        .iter()
-        .flat_map(|s| s.as_ref())
-        .find(|&&r| r as usize >= w.rows)
-    {
-        return Err(Error::InvalidArgument(format!(
-            "row index {bad} out of range for a matrix of {} rows",
-            w.rows
-        )));
+    for set in sets {
+        check_rows(w, set.as_ref())?;
     }
     if pairs == 0 {
         return Ok(());
