@@ -10,7 +10,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p hotcold-core -p hotcold-web --target wasm32-unknown-unknown --locked -- -D warnings
 # The browser demo (wasm module and tiny model) for web/tests/browser.rs.
 bash web/build.sh
-node --test web/tests/js/
 # Windows and macOS on Apple M: the core and the CLI must build there (checked, not linked).
 for target in x86_64-pc-windows-gnu aarch64-apple-darwin; do
     cargo check -p hotcold-core -p hotcold-native --target "$target" --locked

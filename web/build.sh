@@ -22,7 +22,7 @@ CARGO_PROFILE_RELEASE_DEBUG=false \
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=+simd128" \
     cargo build -p hotcold-web --target wasm32-unknown-unknown --release --locked
 wasm-bindgen --target web --no-typescript --out-dir "$www/pkg" \
-    target/wasm32-unknown-unknown/release/hotcold_web.wasm
+    "${CARGO_TARGET_DIR:-target}/wasm32-unknown-unknown/release/hotcold_web.wasm"
 
 # The test profile shares its build with `cargo test` (scripts/test.sh runs both).
 mkdir -p "$www/models"

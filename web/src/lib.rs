@@ -14,7 +14,7 @@ mod pool;
 mod runner;
 mod stats;
 
-pub use runner::{ModelInfo, Runner, StartOptions, Timings, DEFAULT_N_CTX};
+pub use runner::{ModelInfo, Runner, Split, StartOptions, Timings, DEFAULT_N_CTX};
 pub use stats::FiringStats;
 
 use hotcold_core::engine::FfnMode;
@@ -129,6 +129,15 @@ impl Engine {
     /// `n_layer × n_ff` neuron firing frequencies over this generation's tokens.
     pub fn firing_frequencies(&self) -> Vec<f32> {
         self.runner.firing_frequencies()
+    }
+
+    /// The placement planner's hot/cold split for `budget` bytes of VRAM, as JSON (see `Split`).
+    pub fn hot_cold_split(&self, budget: f64) -> Result<String, JsError> {
+        let split = self
+            .runner
+            .hot_cold_split(budget.max(0.0) as u64)
+            .map_err(|e| JsError::new(&e.to_string()))?;
+        Ok(to_json(&split))
     }
 }
 

@@ -6,9 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use hotcold_core::engine::{FfnMode, GenerateOptions, Generator, Session, StopReason};
+use hotcold_core::engine::{
+    neuron_bytes, FfnMode, GenerateOptions, Generator, Session, StopReason,
+};
 use hotcold_core::gguf::GgufFile;
 use hotcold_core::model::Model;
+use hotcold_core::placement::{self, Problem};
 use hotcold_core::sample::{Sampler, SamplerConfig};
 use hotcold_core::tokenizer::Tokenizer;
 use hotcold_core::{Error, Result};
@@ -47,6 +50,17 @@ pub struct ModelInfo {
     pub load_secs: f64,
     /// The CPU kernels in use (`scalar` in the browser).
     pub simd: String,
+}
+
+/// The hot/cold split of the FFN neurons for a VRAM budget, as the page draws it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Split {
+    /// Hot neurons per layer (each layer's most frequently firing ones).
+    pub hot: Vec<usize>,
+    /// Per layer, the expected share of its firing neurons that the hot ones are.
+    pub hit_rate: Vec<f64>,
+    /// Bytes of FFN weights the split places on the GPU.
+    pub bytes: u64,
 }
 
 /// Settings of one generation.
@@ -288,6 +302,34 @@ impl Runner {
     /// `n_layer × n_ff` firing frequencies over the tokens evaluated (prompt included).
     pub fn firing_frequencies(&self) -> Vec<f32> {
         self.with_stats(FiringStats::frequencies)
+    }
+
+    /// The placement planner's split ([`placement::solve`]) of the FFN neurons for `budget` bytes,
+    /// from the firing frequencies observed so far. Only the FFN neurons are placed, as in the
+    /// native hybrid pass.
+    pub fn hot_cold_split(&self, budget: u64) -> Result<Split> {
+        let model = &self.weights.model;
+        let freqs = self.firing_frequencies();
+        let layers = freqs
+            .chunks_exact(model.hp.n_ff)
+            .enumerate()
+            .map(|(il, f)| placement::Layer {
+                neuron_bytes: neuron_bytes(model, il),
+                frequencies: f.to_vec(),
+                dense_bytes: 0,
+            })
+            .collect();
+        let problem = Problem {
+            layers,
+            globals: Vec::new(),
+            budget,
+        };
+        let plan = placement::solve(&problem)?;
+        Ok(Split {
+            hot: plan.hot.iter().map(Vec::len).collect(),
+            hit_rate: plan.layer_gpu_share(&problem),
+            bytes: plan.gpu_bytes,
+        })
     }
 
     fn with_stats<T: Default>(&self, f: impl FnOnce(&FiringStats) -> T) -> T {

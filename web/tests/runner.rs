@@ -162,6 +162,43 @@ fn dense_mode_computes_every_neuron() {
 }
 
 #[test]
+fn the_split_puts_the_most_frequent_neurons_within_the_budget() {
+    let mut runner = Runner::load(tiny_bytes(), 0).unwrap();
+    runner.start(PROMPT, &greedy(8, None)).unwrap();
+    drain(&mut runner);
+    let info = runner.info().clone();
+    let per_neuron = info.neuron_bytes[0].round() as u64;
+    let none = runner.hot_cold_split(0).unwrap();
+    assert!(none.hot.iter().all(|&h| h == 0) && none.bytes == 0);
+    let all = runner.hot_cold_split(u64::MAX / 2).unwrap();
+    assert!(all.hot.iter().all(|&h| h == info.n_ff));
+    assert!(all
+        .hit_rate
+        .iter()
+        .all(|&r| (r - 1.0).abs() < 1e-9 || r == 0.0));
+    // A tenth of the neurons: each layer's hot ones are its most frequent, and they serve more
+    // than a tenth of the firing (the frequencies follow a power law).
+    let budget = per_neuron * (info.n_layer * info.n_ff / 10) as u64;
+    let some = runner.hot_cold_split(budget).unwrap();
+    assert!(some.bytes <= budget && some.bytes > 0);
+    assert_eq!(
+        some.hot.iter().sum::<usize>(),
+        info.n_layer * info.n_ff / 10
+    );
+    let freqs = runner.firing_frequencies();
+    for (l, &h) in some.hot.iter().enumerate() {
+        let mut f = freqs[l * info.n_ff..(l + 1) * info.n_ff].to_vec();
+        f.sort_by(|a, b| b.total_cmp(a));
+        let (top, total): (f32, f32) = (f[..h].iter().sum(), f.iter().sum());
+        if total > 0.0 {
+            assert!((some.hit_rate[l] - f64::from(top / total)).abs() < 1e-4);
+        }
+    }
+    let mean_hit = some.hit_rate.iter().sum::<f64>() / some.hit_rate.len() as f64;
+    assert!(mean_hit > 0.1, "hit rate {mean_hit}");
+}
+
+#[test]
 fn bad_input_is_an_error_not_a_panic() {
     assert!(Runner::load(b"not a gguf file".to_vec(), 0).is_err());
     let mut bytes = tiny_bytes();

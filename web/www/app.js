@@ -5,7 +5,6 @@
 
 import init, { Engine } from './pkg/hotcold_web.js';
 import { drawDensity, drawHeatmap } from './charts.js';
-import { hotColdSplit } from './split.js';
 import { webgpuAdapterName } from './webgpu.js';
 
 const $ = (id) => document.getElementById(id);
@@ -131,10 +130,11 @@ function drawPictures() {
   if (!engine || !info) return;
   drawDensity($('density'), engine.last_token_density(), engine.computed_density());
   const freqs = engine.firing_frequencies();
-  const split = hotColdSplit(freqs, info.n_layer, info.n_ff, info.neuron_bytes, budgetBytes());
+  // hotcold-core's placement planner, run here in wasm
+  const split = JSON.parse(engine.hot_cold_split(budgetBytes()));
   drawHeatmap($('heatmap'), freqs, info.n_layer, info.n_ff, split.hot);
   const hotTotal = split.hot.reduce((a, b) => a + b, 0);
-  const hit = split.hitRate.reduce((a, b) => a + b, 0) / Math.max(1, split.hitRate.length);
+  const hit = split.hit_rate.reduce((a, b) => a + b, 0) / Math.max(1, split.hit_rate.length);
   $('split-text').textContent = `${hotTotal} of ${info.n_layer * info.n_ff} neurons hot `
     + `(${formatBytes(split.bytes)}); expected share of firing neurons on the GPU: ${(100 * hit).toFixed(1)}%`;
 }
