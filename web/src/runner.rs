@@ -147,15 +147,8 @@ impl Runner {
             n_vocab: hp.n_vocab,
             n_ctx,
             has_predictor: model.layers.iter().all(|l| l.predictor.is_some()),
-            neuron_bytes: model
-                .layers
-                .iter()
-                .map(|l| {
-                    let ffn = l.gate.as_ref().map_or(0, |g| g.n_bytes())
-                        + l.up.n_bytes()
-                        + l.down_weight().n_bytes();
-                    ffn as f64 / hp.n_ff as f64
-                })
+            neuron_bytes: (0..hp.n_layer)
+                .map(|il| neuron_bytes(&model, il) as f64)
                 .collect(),
             file_bytes,
             load_secs: start.elapsed().as_secs_f64(),
