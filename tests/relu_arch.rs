@@ -31,19 +31,9 @@ fn tiny(arch: SynthArch, ty: GgmlType) -> (Model, Tokenizer) {
     (Model::from_file(file).unwrap(), tokenizer)
 }
 
-/// Greedy continuation of `prompt` and the logits of every step.
+/// Greedy continuation on 2 threads, and the logits of every step.
 fn greedy(model: &Model, mode: FfnMode, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut session = Session::new(model, 256, thread_pool(2).unwrap());
-    session.set_ffn_mode(mode).unwrap();
-    let mut logits = session.eval(prompt, Logits::Last).unwrap();
-    let (mut tokens, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let next = hotcold::sample::argmax(&logits);
-        tokens.push(next);
-        all.push(logits);
-        logits = session.eval(&[next], Logits::Last).unwrap();
-    }
-    (tokens, all)
+    common::greedy_with_logits(model, mode, prompt, n, 2)
 }
 
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::data_path;
+use common::{data_path, greedy_with_logits as greedy};
 use hotcold::engine::{perplexity, thread_pool, FfnMode, Logits, Session};
 use hotcold::gguf::GgufFile;
 use hotcold::model::Model;
@@ -26,27 +26,6 @@ fn tiny(arch: SynthArch, ty: GgmlType) -> (Model, Tokenizer) {
     let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
     let tokenizer = Tokenizer::from_gguf(&file).unwrap();
     (Model::from_file(file).unwrap(), tokenizer)
-}
-
-/// Greedy continuation of `prompt` and the logits of every step.
-fn greedy(
-    model: &Model,
-    mode: FfnMode,
-    prompt: &[u32],
-    n: usize,
-    threads: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut session = Session::new(model, 256, thread_pool(threads).unwrap());
-    session.set_ffn_mode(mode).unwrap();
-    let mut logits = session.eval(prompt, Logits::Last).unwrap();
-    let (mut tokens, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let next = hotcold::sample::argmax(&logits);
-        tokens.push(next);
-        all.push(logits);
-        logits = session.eval(&[next], Logits::Last).unwrap();
-    }
-    (tokens, all)
 }
 
 const PROMPT: &str = "When in the course of human events, it becomes necessary for one people";

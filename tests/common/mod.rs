@@ -22,3 +22,26 @@ pub fn data_path(relative: &str) -> PathBuf {
         .join("tests/data")
         .join(relative)
 }
+
+/// Greedy continuation of `prompt` for `n` tokens on `threads` threads in FFN mode `mode`, and
+/// the logits of every step.
+pub fn greedy_with_logits(
+    model: &hotcold::model::Model,
+    mode: hotcold::engine::FfnMode,
+    prompt: &[u32],
+    n: usize,
+    threads: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    use hotcold::engine::{thread_pool, Logits, Session};
+    let mut session = Session::new(model, 256, thread_pool(threads).unwrap());
+    session.set_ffn_mode(mode).unwrap();
+    let mut logits = session.eval(prompt, Logits::Last).unwrap();
+    let (mut tokens, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let next = hotcold::sample::argmax(&logits);
+        tokens.push(next);
+        all.push(logits);
+        logits = session.eval(&[next], Logits::Last).unwrap();
+    }
+    (tokens, all)
+}
