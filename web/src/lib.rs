@@ -9,10 +9,13 @@
 //! - `pool`: the single-threaded rayon pool wasm32 needs.
 //! - `runner`: the model, its tokenizer and one step-wise generation.
 //! - `stats`: neuron firing statistics from the FFN observer.
+//! - `webgpu` (wasm32): the browser's WebGPU device through wgpu.
 
 mod pool;
 mod runner;
 mod stats;
+#[cfg(target_arch = "wasm32")]
+mod webgpu;
 
 pub use runner::{ModelInfo, Runner, Split, StartOptions, Timings, DEFAULT_N_CTX};
 pub use stats::FiringStats;
@@ -48,6 +51,8 @@ pub fn parse_ffn_mode(name: &str) -> Result<Option<FfnMode>, String> {
 #[wasm_bindgen]
 pub struct Engine {
     runner: Runner,
+    #[cfg(target_arch = "wasm32")]
+    gpu: std::cell::RefCell<Option<webgpu::WebGpu>>,
 }
 
 #[wasm_bindgen]
@@ -57,7 +62,21 @@ impl Engine {
     #[wasm_bindgen(constructor)]
     pub fn new(bytes: &js_sys::Uint8Array, n_ctx: u32) -> Result<Engine, JsError> {
         let runner = Runner::load(copy_in(bytes), n_ctx as usize).map_err(js_error)?;
-        Ok(Engine { runner })
+        Ok(Engine {
+            runner,
+            #[cfg(target_arch = "wasm32")]
+            gpu: Default::default(),
+        })
+    }
+
+    /// Opens the browser's WebGPU device (a promise); resolves to the adapter's description as
+    /// JSON (see `AdapterReport`), rejects when the browser offers no WebGPU adapter.
+    #[cfg(target_arch = "wasm32")]
+    pub async fn init_gpu(&self) -> Result<String, JsError> {
+        let gpu = webgpu::open().await.map_err(|m| JsError::new(&m))?;
+        let report = to_json(&gpu.report);
+        *self.gpu.borrow_mut() = Some(gpu);
+        Ok(report)
     }
 
     /// The model's description as JSON (see `ModelInfo`).

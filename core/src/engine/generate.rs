@@ -5,7 +5,7 @@ use web_time::Instant;
 use super::session::{Logits, Session};
 use crate::sample::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::Result;
+use crate::{Error, Result};
 
 /// Limits of one generation.
 #[derive(Clone, Copy, Debug)]
@@ -95,11 +95,26 @@ impl<'t> Generator<'t> {
         prompt: &[u32],
         opts: GenerateOptions,
     ) -> Result<Generator<'t>> {
+        let logits = session.eval(prompt, Logits::Last)?;
+        Ok(Generator::with_prompt_logits(
+            tokenizer, sampler, prompt, logits, opts,
+        ))
+    }
+
+    /// A generation whose prompt another forward pass (the GPU's, awaited in a browser) has
+    /// evaluated: `logits` are its last token's. The sampler sees the prompt's tokens. Drive it
+    /// with [`Generator::needs_eval`], [`Generator::set_logits`] and [`Generator::sample_step`].
+    pub fn with_prompt_logits(
+        tokenizer: &'t Tokenizer,
+        sampler: &mut Sampler,
+        prompt: &[u32],
+        logits: Vec<f32>,
+        opts: GenerateOptions,
+    ) -> Generator<'t> {
         for &t in prompt {
             sampler.accept(t);
         }
-        let logits = session.eval(prompt, Logits::Last)?;
-        Ok(Generator {
+        Generator {
             tokenizer,
             decoder: tokenizer.stream_decoder(false),
             opts,
@@ -107,12 +122,41 @@ impl<'t> Generator<'t> {
             pending: None,
             tokens: Vec::new(),
             stop: None,
-        })
+        }
     }
 
     /// Samples the next token and decodes it; once [`Step::stop`] has been returned, every later
     /// call returns it again without sampling.
     pub fn step(&mut self, session: &mut Session, sampler: &mut Sampler) -> Result<Step> {
+        if let Some(prev) = self.needs_eval() {
+            self.set_logits(session.eval(&[prev], Logits::Last)?);
+        }
+        self.sample_step(sampler, session.n_past(), session.n_ctx())
+    }
+
+    /// The token the previous step sampled, which the forward pass must evaluate (appending it at
+    /// the next position) before [`Generator::sample_step`]; `None` when there is none.
+    pub fn needs_eval(&self) -> Option<u32> {
+        self.pending
+    }
+
+    /// Hands over the logits of the token [`Generator::needs_eval`] named.
+    pub fn set_logits(&mut self, logits: Vec<f32>) {
+        self.logits = logits;
+        self.pending = None;
+    }
+
+    /// [`Generator::step`] for a caller that evaluates tokens itself: samples from the last
+    /// logits, with `n_past` tokens of the `n_ctx` context filled.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when the token of [`Generator::needs_eval`] has not
+    /// been evaluated yet.
+    pub fn sample_step(
+        &mut self,
+        sampler: &mut Sampler,
+        n_past: usize,
+        n_ctx: usize,
+    ) -> Result<Step> {
         if let Some(stop) = self.stop {
             return Ok(Step {
                 token: None,
@@ -120,8 +164,10 @@ impl<'t> Generator<'t> {
                 stop: Some(stop),
             });
         }
-        if let Some(prev) = self.pending.take() {
-            self.logits = session.eval(&[prev], Logits::Last)?;
+        if let Some(prev) = self.pending {
+            return Err(Error::InvalidArgument(format!(
+                "token {prev} was sampled but not evaluated before the next step"
+            )));
         }
         if self.tokens.len() >= self.opts.max_tokens {
             return Ok(self.finish_with(None, String::new(), StopReason::MaxTokens));
@@ -135,7 +181,7 @@ impl<'t> Generator<'t> {
         if self.tokens.len() >= self.opts.max_tokens {
             return Ok(self.finish_with(Some(next), text, StopReason::MaxTokens));
         }
-        if session.n_past() >= session.n_ctx() {
+        if n_past >= n_ctx {
             return Ok(self.finish_with(Some(next), text, StopReason::ContextFull));
         }
         self.pending = Some(next);
