@@ -5,7 +5,7 @@ mod attention;
 mod batch;
 mod ffn;
 mod generate;
-#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+#[cfg(feature = "gpu")]
 mod gpu_ffn;
 mod kv_cache;
 mod norm;
@@ -18,7 +18,7 @@ mod session;
 pub use batch::{Batch, SeqId, Work};
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
 pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, StopReason};
-#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+#[cfg(feature = "gpu")]
 pub use gpu_ffn::{layer_fits_kernels, GpuFfn};
 pub use kv_cache::KvCache;
 pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor};

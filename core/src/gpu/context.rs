@@ -1,4 +1,5 @@
-//! The wgpu device: adapter choice, limits, buffer helpers and blocking read-back.
+//! The wgpu device: adapter choice, limits, buffer helpers and read-back (blocking natively; in a
+//! browser the device is opened and results are awaited by the caller).
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ impl std::fmt::Debug for GpuContext {
 }
 
 /// Ranks adapter types, best first (`None`: not allowed by `choice`).
+#[cfg(not(target_arch = "wasm32"))]
 fn rank(ty: wgpu::DeviceType, choice: AdapterChoice) -> Option<u8> {
     use wgpu::DeviceType::*;
     Some(match ty {
@@ -55,6 +57,7 @@ impl GpuContext {
     /// Opens the best adapter `choice` allows (discrete before integrated before software).
     ///
     /// Errors: [`Error::Gpu`] when no adapter qualifies or the device cannot be created.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(choice: AdapterChoice) -> Result<Arc<GpuContext>> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
@@ -78,17 +81,28 @@ impl GpuContext {
             ..Default::default()
         }))
         .map_err(|e| Error::Gpu(format!("cannot open {}: {e}", info.name)))?;
+        Ok(GpuContext::from_device(device, queue, info, &limits))
+    }
+
+    /// Wraps a device opened elsewhere (in a browser, asynchronously through WebGPU) whose
+    /// adapter is described by `info` and which was created with `limits`.
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        limits: &wgpu::Limits,
+    ) -> Arc<GpuContext> {
         let max_binding = MAX_BINDING_BYTES
             .min(limits.max_storage_buffer_binding_size)
             .min(limits.max_buffer_size);
-        Ok(Arc::new(GpuContext {
+        Arc::new(GpuContext {
             device,
             queue,
             info,
             max_binding,
             pipelines: Default::default(),
             gelu: Default::default(),
-        }))
+        })
     }
 
     /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
@@ -192,7 +206,8 @@ pub struct Pending {
 impl Pending {
     /// Blocks until the GPU has finished and returns the result.
     ///
-    /// Errors: [`Error::Gpu`] when the device is lost or the buffer cannot be mapped.
+    /// Errors: [`Error::Gpu`] when the device is lost or the buffer cannot be mapped (always in a
+    /// browser, where WebGPU maps buffers only once control returns to the event loop).
     pub fn wait(self, ctx: &GpuContext) -> Result<Vec<f32>> {
         let slice = self.staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -205,8 +220,9 @@ impl Pending {
                 timeout: None,
             })
             .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("the read-back was dropped".into()))?
+        // `poll` has run the map callback of a finished submission.
+        rx.try_recv()
+            .map_err(|_| Error::Gpu("the GPU finished but the read-back was not mapped".into()))?
             .map_err(|e| Error::Gpu(format!("cannot map the read-back buffer: {e}")))?;
         let data = slice
             .get_mapped_range()
