@@ -1,5 +1,7 @@
 // Element-wise kernels over flat f32 arrays, one invocation per element: the FFN's gate/up combine
-// (SwiGLU, GeGLU through ggml's f16 GELU table, ReLU, dReLU), `x += y` and `x *= s`.
+// (SwiGLU, GeGLU through ggml's f16 GELU table, ReLU, dReLU), `x += y`, `x *= s`, and the
+// predictor's threshold (`x = 1` where `x >= s`, else 0: a mask whose zero words the masked matvec
+// skips).
 // Needs f16.wgsl.
 
 // The FFN activation of `combine`: 0 SiLU, 1 GELU (ggml's table), 2 ReLU, 3 dReLU.
@@ -10,7 +12,7 @@ override WG: u32 = 64u;
 struct Params {
     // Elements.
     n: u32,
-    // The factor of `scale`.
+    // The factor of `scale`; the threshold of `threshold`.
     s: f32,
 }
 
@@ -66,5 +68,13 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let i = index(gid, nwg);
     if (i < P.n) {
         X[i] = X[i] * P.s;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn threshold(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i < P.n) {
+        X[i] = select(0.0, 1.0, X[i] >= P.s);
     }
 }

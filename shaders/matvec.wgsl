@@ -13,6 +13,9 @@ override GATHER: bool = false;
 override RELU: bool = false;
 // Rounds the outputs to f16 (the input rounding of a following F16 matvec).
 override ROUND_F16: bool = false;
+// Dense rows whose word in IDX (indexed by the global row) is zero are skipped and output 0 (the
+// neurons a predictor did not choose); IDX then holds one word per row of the matrix.
+override MASK: bool = false;
 // Invocations per workgroup (at most 256).
 override WG: u32 = 64u;
 
@@ -196,12 +199,16 @@ fn main(
     } else {
         row = k;
     }
+    // The mask is read per workgroup, so the barriers below stay in uniform control flow.
+    let skip = MASK && IDX[P.row_base + row] == 0u;
     let nb = P.cols / block_size();
     let bb = block_bytes();
     let row0 = row * P.row_bytes;
     var acc = 0.0;
-    for (var ib = lid; ib < nb; ib += WG) {
-        acc += block_dot(row0 + ib * bb, t, ib);
+    if (!skip) {
+        for (var ib = lid; ib < nb; ib += WG) {
+            acc += block_dot(row0 + ib * bb, t, ib);
+        }
     }
     partial[lid] = acc;
     workgroupBarrier();
@@ -218,6 +225,9 @@ fn main(
         }
         if (ROUND_F16) {
             v = round_f16(v);
+        }
+        if (skip) {
+            v = 0.0;
         }
         Y[P.y_base + t * P.y_stride + P.y_off + k] = v;
     }

@@ -13,130 +13,28 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use hotcold::engine::{
-    ffn_bytes, thread_pool, CpuFfn, FfnMode, FfnOffload, FfnTensor, GpuFfn, Logits, Session,
-};
-use hotcold::gguf::GgufFile;
-use hotcold::gpu::{AdapterChoice, GpuContext};
+use common::gpu::{assert_close, gpu, greedy, step_diffs, tiny, Jitter};
+use hotcold::engine::{ffn_bytes, FfnMode, FfnOffload, GpuFfn, Session};
 use hotcold::model::Model;
 use hotcold::models::DefaultModel;
 use hotcold::quant::GgmlType;
-use hotcold::synth::{self, SynthArch, SynthConfig};
+use hotcold::synth::SynthArch;
 
 /// Largest |hybrid − CPU| of a step's logits, relative to the step's largest |logit|.
 const TOLERANCE: f32 = 1e-3;
 
-fn gpu() -> Arc<GpuContext> {
-    static CTX: OnceLock<Arc<GpuContext>> = OnceLock::new();
-    CTX.get_or_init(|| {
-        GpuContext::new(AdapterChoice::Any)
-            .expect("the GPU tests need an adapter (apt-get install mesa-vulkan-drivers)")
-    })
-    .clone()
-}
-
-fn tiny(arch: SynthArch, ty: GgmlType) -> Model {
-    let mut cfg = SynthConfig::preset("tiny").unwrap();
-    cfg.arch = arch;
-    cfg.ty = ty;
-    let (writer, _) = synth::build(&cfg).unwrap();
-    let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
-    Model::from_file(file).unwrap()
-}
-
-/// The CPU's FFN with every product scaled by `1 ± 2^-20` (alternating): rounding-level noise.
-struct Jitter;
-
-fn jitter(mut y: Vec<f32>) -> Vec<f32> {
-    const EPS: f32 = 1.0 / (1 << 20) as f32;
-    y.iter_mut()
-        .enumerate()
-        .for_each(|(i, v)| *v *= if i % 2 == 0 { 1.0 + EPS } else { 1.0 - EPS });
-    y
-}
-
-impl FfnOffload for Jitter {
-    fn matmul(
-        &self,
-        model: &Model,
-        il: usize,
-        which: FfnTensor,
-        x: &[f32],
-        n: usize,
-    ) -> hotcold::Result<Vec<f32>> {
-        CpuFfn.matmul(model, il, which, x, n).map(jitter)
+/// A session set-up: the FFN mode (when given) and the FFN offload (when given).
+fn with(mode: Option<FfnMode>, ffn: Option<Arc<dyn FfnOffload>>) -> impl FnOnce(&mut Session) {
+    move |s: &mut Session| {
+        if let Some(mode) = mode {
+            s.set_ffn_mode(mode).unwrap();
+        }
+        if let Some(ffn) = ffn {
+            s.set_ffn_offload(ffn);
+        }
     }
-
-    fn gather(
-        &self,
-        model: &Model,
-        il: usize,
-        which: FfnTensor,
-        rows: &[u32],
-        x: &[f32],
-        n: usize,
-    ) -> hotcold::Result<Vec<f32>> {
-        CpuFfn.gather(model, il, which, rows, x, n).map(jitter)
-    }
-
-    fn down_axpy(
-        &self,
-        model: &Model,
-        il: usize,
-        a: &[f32],
-        n: usize,
-    ) -> hotcold::Result<Vec<f32>> {
-        CpuFfn.down_axpy(model, il, a, n).map(jitter)
-    }
-}
-
-/// Largest |got − want| of each step's logits.
-fn step_diffs(got: &[Vec<f32>], want: &[Vec<f32>]) -> Vec<f32> {
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            g.iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max)
-        })
-        .collect()
-}
-
-/// Greedy tokens and each step's logits, with the FFN offloaded by `ffn` (None: CPU only).
-fn greedy(
-    model: &Model,
-    mode: Option<FfnMode>,
-    ffn: Option<Arc<dyn FfnOffload>>,
-    prompt: &[u32],
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut session = Session::new(model, 64, thread_pool(2).unwrap());
-    if let Some(mode) = mode {
-        session.set_ffn_mode(mode).unwrap();
-    }
-    if let Some(ffn) = ffn {
-        session.set_ffn_offload(ffn);
-    }
-    let mut logits = session.eval(prompt, Logits::Last).unwrap();
-    let (mut tokens, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let next = argmax(&logits);
-        tokens.push(next);
-        all.push(logits);
-        logits = session.eval(&[next], Logits::Last).unwrap();
-    }
-    (tokens, all)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i as u32)
-        .unwrap()
 }
 
 /// Runs the CPU pass and the hybrid pass at each budget fraction and compares them (with the
@@ -150,9 +48,9 @@ fn check(
     n: usize,
     noise_floor: bool,
 ) -> Vec<u64> {
-    let (want_tokens, want_logits) = greedy(model, mode, None, prompt, n);
+    let (want_tokens, want_logits) = greedy(model, with(mode, None), prompt, n);
     let floor: Vec<f32> = if noise_floor {
-        let (_, noisy) = greedy(model, mode, Some(Arc::new(Jitter)), prompt, n);
+        let (_, noisy) = greedy(model, with(mode, Some(Arc::new(Jitter))), prompt, n);
         step_diffs(&noisy, &want_logits)
             .iter()
             .map(|d| 2.0 * d)
@@ -167,17 +65,10 @@ fn check(
         let ffn = Arc::new(GpuFfn::with_budget(gpu(), model, budget).unwrap());
         assert!(ffn.bytes() <= budget);
         placed.push(ffn.bytes());
-        let (tokens, logits) = greedy(model, mode, Some(ffn), prompt, n);
+        let (tokens, logits) = greedy(model, with(mode, Some(ffn)), prompt, n);
         assert_eq!(tokens, want_tokens, "greedy tokens at budget {f}");
-        let diffs = step_diffs(&logits, &want_logits);
-        for (step, (worst, want)) in diffs.iter().zip(&want_logits).enumerate() {
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let bound = (TOLERANCE * scale).max(floor[step]);
-            assert!(
-                *worst <= bound,
-                "budget {f}, step {step}: logits differ by {worst} (scale {scale}, bound {bound})"
-            );
-        }
+        let what = format!("budget {f}");
+        assert_close(&logits, &want_logits, TOLERANCE, &floor, &what);
     }
     placed
 }

@@ -24,6 +24,7 @@ pub use kv_cache::KvCache;
 pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor};
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
+pub(crate) use session::{check_tokens, embed_tokens};
 pub use session::{Logits, Session};
 
 use std::sync::Arc;

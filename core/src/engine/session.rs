@@ -34,6 +34,9 @@ pub struct Session<'m> {
     pool: Arc<rayon::ThreadPool>,
     cache: KvCache,
     n_past: usize,
+    /// The whole forward pass on the GPU instead, when set.
+    #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+    gpu: Option<crate::gpu::forward::GpuSession>,
 }
 
 /// One sequence's share of a forward batch: its cache, the positions it already holds, and how
@@ -67,7 +70,35 @@ impl<'m> Session<'m> {
             pool,
             cache: KvCache::new(&model.hp, n_ctx),
             n_past: 0,
+            #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+            gpu: None,
         }
+    }
+
+    /// Runs this session's whole forward pass on the GPU, on `gpu` (uploaded from this session's
+    /// model): KV cache and activations live there, one submission and one read-back per call
+    /// of [`Session::eval`] (per 32 tokens). Only before the first token.
+    ///
+    /// Errors: [`Error::InvalidArgument`] after tokens were evaluated, or for a model or FFN mode
+    /// the resident pass does not run ([`crate::gpu::forward::check_supported`]).
+    #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+    pub fn set_gpu_model(&mut self, gpu: Arc<crate::gpu::forward::GpuModel>) -> Result<()> {
+        if self.n_past > 0 {
+            return Err(Error::InvalidArgument(
+                "the GPU model must be set before the first token".into(),
+            ));
+        }
+        crate::gpu::forward::check_supported(self.fwd.model, self.fwd.ffn_mode)?;
+        self.gpu = Some(crate::gpu::forward::GpuSession::new(gpu, self.n_ctx())?);
+        Ok(())
+    }
+
+    /// Whether the whole forward pass runs on the GPU ([`Session::set_gpu_model`]).
+    pub fn on_gpu(&self) -> bool {
+        #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+        return self.gpu.is_some();
+        #[cfg(not(all(feature = "gpu", not(target_arch = "wasm32"))))]
+        false
     }
 
     /// Chooses where the FFN's matrix products run (default: [`CpuFfn`]).
@@ -83,6 +114,10 @@ impl<'m> Session<'m> {
     /// Chooses how the FFN picks its neurons (default: `Sparse` when every layer has a
     /// predictor, else `Dense`). `Sparse` on a file without predictors is an error.
     pub fn set_ffn_mode(&mut self, mode: FfnMode) -> Result<()> {
+        #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+        if self.gpu.is_some() {
+            crate::gpu::forward::check_supported(self.fwd.model, mode)?;
+        }
         self.fwd.set_ffn_mode(mode)
     }
 
@@ -109,11 +144,30 @@ impl<'m> Session<'m> {
     /// Forgets everything from position `pos` on (e.g. to reuse a shared prompt prefix).
     pub fn truncate(&mut self, pos: usize) {
         self.n_past = self.n_past.min(pos);
+        #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+        if let Some(gpu) = &mut self.gpu {
+            gpu.truncate(pos);
+        }
     }
 
     /// Appends `tokens` to the sequence and returns their logits (the last token's, or all).
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         check_tokens(self.fwd.model, tokens, self.n_past, self.n_ctx())?;
+        #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+        if let Some(gpu) = &mut self.gpu {
+            let mut logits = Vec::new();
+            for chunk in tokens.chunks(crate::gpu::forward::MAX_TOKENS_PER_SUBMIT) {
+                let pending = gpu.submit(self.fwd.model, chunk, which, self.fwd.ffn_mode)?;
+                let chunk_logits = pending.wait()?;
+                self.n_past += chunk.len();
+                if which == Logits::All {
+                    logits.extend_from_slice(&chunk_logits);
+                } else {
+                    logits = chunk_logits;
+                }
+            }
+            return Ok(logits);
+        }
         let pool = self.pool.clone();
         pool.install(|| {
             let mut logits = Vec::new();
@@ -141,9 +195,25 @@ impl<'m> Session<'m> {
     }
 }
 
+/// The embeddings (`tokens.len() × n_embd`) of `tokens` at positions `pos0, pos0 + 1, …`: the
+/// dequantised rows, scaled by the model's embedding scale, plus learned positions (OPT).
+pub(crate) fn embed_tokens(model: &Model, tokens: &[u32], pos0: usize) -> Result<Vec<f32>> {
+    let hp = &model.hp;
+    let table = model.matrix(&model.token_embd);
+    let mut x = vec![0f32; tokens.len() * hp.n_embd];
+    for (row, &t) in x.chunks_exact_mut(hp.n_embd).zip(tokens) {
+        cpu::dequantize_row(&table, t as usize, row)?;
+        if hp.embed_scale != 1.0 {
+            ops::scale(row, hp.embed_scale);
+        }
+    }
+    add_learned_positions(model, &mut x, pos0)?;
+    Ok(x)
+}
+
 /// Checks that `tokens` are non-empty, in the vocabulary and fit after `n_past` positions of a
 /// context of `n_ctx`.
-pub(super) fn check_tokens(
+pub(crate) fn check_tokens(
     model: &Model,
     tokens: &[u32],
     n_past: usize,
@@ -247,19 +317,12 @@ impl<'m> Forward<'m> {
 
     /// The token embeddings of the batch's rows, with each sequence's learned positions (OPT).
     fn embed(&self, tokens: &[u32], seqs: &[SeqRows]) -> Result<Vec<f32>> {
-        let hp = &self.model.hp;
-        let table = self.model.matrix(&self.model.token_embd);
-        let mut x = vec![0f32; tokens.len() * hp.n_embd];
-        for (row, &t) in x.chunks_exact_mut(hp.n_embd).zip(tokens) {
-            cpu::dequantize_row(&table, t as usize, row)?;
-            if hp.embed_scale != 1.0 {
-                ops::scale(row, hp.embed_scale);
-            }
-        }
-        let mut rest = &mut x[..];
+        let n_embd = self.model.hp.n_embd;
+        let mut x = Vec::with_capacity(tokens.len() * n_embd);
+        let mut rest = tokens;
         for seq in seqs {
-            let (rows, tail) = rest.split_at_mut(seq.n * hp.n_embd);
-            add_learned_positions(self.model, rows, seq.n_past)?;
+            let (rows, tail) = rest.split_at(seq.n);
+            x.extend(embed_tokens(self.model, rows, seq.n_past)?);
             rest = tail;
         }
         Ok(x)

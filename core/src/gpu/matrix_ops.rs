@@ -40,18 +40,29 @@ struct AxpyParams {
 }
 
 /// Quantised activations on the GPU: float values, quants, scales, Q8_K sums.
-struct ActBuffers {
-    f: wgpu::Buffer,
-    q: wgpu::Buffer,
-    d: wgpu::Buffer,
-    b: wgpu::Buffer,
+pub(crate) struct ActBuffers {
+    pub f: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub d: wgpu::Buffer,
+    pub b: wgpu::Buffer,
 }
 
 /// Post-processing of a matvec's outputs.
 #[derive(Clone, Copy, Default)]
-struct Epilogue {
-    relu: bool,
-    round_f16: bool,
+pub(crate) struct Epilogue {
+    pub relu: bool,
+    pub round_f16: bool,
+}
+
+/// Which rows of a matrix a matvec computes.
+#[derive(Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    /// Every held row.
+    All,
+    /// The sorted held rows listed.
+    Gather(&'a [u32]),
+    /// Every held row whose word in the mask (one per row) is non-zero; the others output 0.
+    Mask(&'a wgpu::Buffer),
 }
 
 fn check_x(w: &GpuMatrix, x: &[f32], n: usize) -> Result<()> {
@@ -118,31 +129,43 @@ impl GpuContext {
         })
     }
 
-    /// Records the matvec dispatches of `w` for the held rows `rows` (gathered) or all rows.
+    /// Records the matvec dispatches of `w` for the held rows `sel` for `n` tokens into `y` from
+    /// `y_base` on.
     #[allow(clippy::too_many_arguments)]
-    fn record_matvec(
+    pub(crate) fn record_matvec(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         w: &GpuMatrix,
-        rows: Option<&[u32]>,
+        sel: Rows,
         acts: &ActBuffers,
         n: usize,
         (y, y_base): (&wgpu::Buffer, usize),
         epilogue: Epilogue,
     ) {
-        let gather = rows.is_some();
+        let rows = match sel {
+            Rows::Gather(rows) => Some(rows),
+            _ => None,
+        };
         let pipeline = self.pipeline(
             Shader::Matvec,
             "main",
             &[
                 ("WTYPE", type_id(w.ty)),
-                ("GATHER", f64::from(u8::from(gather))),
+                ("GATHER", f64::from(u8::from(rows.is_some()))),
                 ("RELU", f64::from(u8::from(epilogue.relu))),
                 ("ROUND_F16", f64::from(u8::from(epilogue.round_f16))),
+                ("MASK", f64::from(u8::from(matches!(sel, Rows::Mask(_))))),
             ],
         );
         let y_stride = rows.map_or(w.rows, <[u32]>::len);
-        let idx = self.storage("rows", bytemuck::cast_slice(rows.unwrap_or(&[])));
+        let idx_list;
+        let idx = match sel {
+            Rows::Mask(mask) => mask,
+            _ => {
+                idx_list = self.storage("rows", bytemuck::cast_slice(rows.unwrap_or(&[])));
+                &idx_list
+            }
+        };
         for chunk in &w.chunks {
             // The outputs of this chunk: its rows (dense), or the indices that fall in it (the
             // index list is sorted within each chunk's range; find the contiguous run).
@@ -177,7 +200,7 @@ impl GpuContext {
                     &acts.q,
                     &acts.d,
                     &acts.b,
-                    &idx,
+                    idx,
                     y,
                     &params,
                 ],
@@ -226,7 +249,8 @@ impl GpuContext {
         let n_out = n * rows.map_or(w.rows, <[u32]>::len);
         let y = self.output("y", n_out);
         let mut encoder = self.encoder();
-        self.record_matvec(&mut encoder, w, rows, &acts, n, (&y, 0), epilogue);
+        let sel = rows.map_or(Rows::All, Rows::Gather);
+        self.record_matvec(&mut encoder, w, sel, &acts, n, (&y, 0), epilogue);
         Ok(self.submit_read(encoder, &y, n_out))
     }
 
@@ -264,7 +288,7 @@ impl GpuContext {
         let mut encoder = self.encoder();
         for (w, base) in [(w1, 0), (w2, half)] {
             let e = Epilogue::default();
-            self.record_matvec(&mut encoder, w, Some(rows), &acts, n, (&y, base), e);
+            self.record_matvec(&mut encoder, w, Rows::Gather(rows), &acts, n, (&y, base), e);
         }
         Ok(self.submit_read(encoder, &y, 2 * half))
     }
@@ -315,13 +339,28 @@ impl GpuContext {
                 rows.len()
             )));
         }
-        let pipeline = self.pipeline(Shader::SparseAxpy, "main", &[("WTYPE", type_id(w_t.ty))]);
         let n_out = n * w_t.cols;
         let y = self.output("axpy", n_out);
         let a_buf = self.storage("a", bytemuck::cast_slice(a));
         let idx = self.storage("rows", bytemuck::cast_slice(rows));
         let mut encoder = self.encoder();
         encoder.clear_buffer(&y, 0, None);
+        self.record_sparse_axpy(&mut encoder, w_t, (rows, &idx), &a_buf, &y, n);
+        Ok(self.submit_read(encoder, &y, n_out))
+    }
+
+    /// Records `y[t] += Σ_k a[t][k] · held row rows[k]` of `w_t` (`rows` sorted, given on the CPU
+    /// and as the buffer `idx`), skipping zero coefficients.
+    pub(crate) fn record_sparse_axpy(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        w_t: &GpuMatrix,
+        (rows, idx): (&[u32], &wgpu::Buffer),
+        a: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n: usize,
+    ) {
+        let pipeline = self.pipeline(Shader::SparseAxpy, "main", &[("WTYPE", type_id(w_t.ty))]);
         for chunk in &w_t.chunks {
             let lo = rows.partition_point(|&r| (r as usize) < chunk.first);
             let hi = rows.partition_point(|&r| (r as usize) < chunk.first + chunk.rows);
@@ -339,13 +378,12 @@ impl GpuContext {
                 _pad: 0,
             });
             self.dispatch(
-                &mut encoder,
+                encoder,
                 &pipeline,
-                &[&chunk.buffer, &a_buf, &idx, &y, &params],
+                &[&chunk.buffer, a, idx, y, &params],
                 [(w_t.cols as u32).div_ceil(WG), n as u32, 1],
             );
         }
-        Ok(self.submit_read(encoder, &y, n_out))
     }
 
     /// [`GpuContext::submit_sparse_axpy`], waited for.
@@ -392,7 +430,15 @@ impl GpuContext {
             relu: true,
             round_f16: fc2.ty == GgmlType::F16,
         };
-        self.record_matvec(&mut encoder, fc1, None, &acts, n, (&hidden, 0), epilogue);
+        self.record_matvec(
+            &mut encoder,
+            fc1,
+            Rows::All,
+            &acts,
+            n,
+            (&hidden, 0),
+            epilogue,
+        );
         let empty = self.storage("empty", &[]);
         let hidden_acts = ActBuffers {
             f: hidden,
@@ -405,7 +451,7 @@ impl GpuContext {
         self.record_matvec(
             &mut encoder,
             fc2,
-            None,
+            Rows::All,
             &hidden_acts,
             n,
             (&y, 0),

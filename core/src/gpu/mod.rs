@@ -1,5 +1,6 @@
 //! The wgpu backend: device, weight buffers, one pipeline per WGSL kernel of `shaders/`, and
-//! dispatch helpers. No model logic: the engine decides what runs here (`engine::gpu_ffn`).
+//! dispatch helpers. The kernels hold no model logic: the engine decides what runs here
+//! (`engine::gpu_ffn`); [`forward`] strings them into the whole forward pass, resident on the GPU.
 //!
 //! Kernels take f32 activations and quantise them on the CPU with the CPU kernels' own code, so the
 //! GPU sees the same Q8 quants and scales as `cpu::matmul` and only float summation order differs.
@@ -7,6 +8,7 @@
 //! rounded with integer arithmetic; no optional feature (shader-f16, subgroups) is needed.
 
 mod context;
+pub mod forward;
 mod matrix_ops;
 mod pipelines;
 mod shaders;

@@ -28,6 +28,8 @@ fn bindings(shader: Shader) -> &'static [Binding] {
         Shader::Rope | Shader::Softmax => &[ReadWrite, Uniform],
         Shader::Attention => &[Read, Read, Read, ReadWrite, ReadWrite, Uniform],
         Shader::Elementwise => &[ReadWrite, Read, Read, Uniform],
+        Shader::Quantize => &[Read, ReadWrite, ReadWrite, ReadWrite, ReadWrite, Uniform],
+        Shader::Kv => &[Read, ReadWrite, Uniform],
     }
 }
 

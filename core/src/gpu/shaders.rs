@@ -16,8 +16,12 @@ pub enum Shader {
     Softmax,
     /// Attention over the KV cache (`attention.wgsl`).
     Attention,
-    /// FFN combine, add, scale (`elementwise.wgsl`).
+    /// FFN combine, add, scale, threshold (`elementwise.wgsl`).
     Elementwise,
+    /// Activation quantisation (`quantize.wgsl`).
+    Quantize,
+    /// KV cache append (`kv.wgsl`).
+    Kv,
 }
 
 const F16: &str = include_str!("../../../shaders/f16.wgsl");
@@ -25,7 +29,7 @@ const BYTES: &str = include_str!("../../../shaders/bytes.wgsl");
 
 impl Shader {
     /// Every kernel family.
-    pub const ALL: [Shader; 7] = [
+    pub const ALL: [Shader; 9] = [
         Shader::Matvec,
         Shader::SparseAxpy,
         Shader::Norm,
@@ -33,6 +37,8 @@ impl Shader {
         Shader::Softmax,
         Shader::Attention,
         Shader::Elementwise,
+        Shader::Quantize,
+        Shader::Kv,
     ];
 
     /// The kernel file's name.
@@ -45,6 +51,8 @@ impl Shader {
             Shader::Softmax => "softmax.wgsl",
             Shader::Attention => "attention.wgsl",
             Shader::Elementwise => "elementwise.wgsl",
+            Shader::Quantize => "quantize.wgsl",
+            Shader::Kv => "kv.wgsl",
         }
     }
 
@@ -61,6 +69,8 @@ impl Shader {
             Shader::Softmax => (&[], include_str!("../../../shaders/softmax.wgsl")),
             Shader::Attention => (&[F16], include_str!("../../../shaders/attention.wgsl")),
             Shader::Elementwise => (&[F16], include_str!("../../../shaders/elementwise.wgsl")),
+            Shader::Quantize => (&[F16], include_str!("../../../shaders/quantize.wgsl")),
+            Shader::Kv => (&[F16], include_str!("../../../shaders/kv.wgsl")),
         };
         let mut s = helpers.join("\n");
         s.push('\n');

@@ -45,6 +45,14 @@ struct AttentionParams {
     scale: f32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct KvParams {
+    n_pairs: u32,
+    offset: u32,
+    _pad: [u32; 2],
+}
+
 /// The shape of an attention call (as the CPU's attention takes it).
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionShape {
@@ -75,7 +83,22 @@ pub struct RopeSettings {
     pub freq_scale: f32,
 }
 
-fn ffn_act_id(act: FfnActivation) -> f64 {
+/// The buffers of an attention call.
+pub(crate) struct AttentionBuffers<'a> {
+    /// Queries.
+    pub q: &'a wgpu::Buffer,
+    /// The layer's f16 keys.
+    pub keys: &'a wgpu::Buffer,
+    /// The layer's f16 values.
+    pub values: &'a wgpu::Buffer,
+    /// Scores.
+    pub scratch: &'a wgpu::Buffer,
+    /// Outputs.
+    pub out: &'a wgpu::Buffer,
+}
+
+/// The `ACT` constant of `elementwise.wgsl`'s `combine` for `act`.
+pub(crate) fn ffn_act_id(act: FfnActivation) -> f64 {
     match act {
         FfnActivation::Silu => 0.0,
         FfnActivation::Gelu => 1.0,
@@ -96,23 +119,16 @@ fn same_len(a: &[f32], b: &[f32], what: &str) -> Result<()> {
 }
 
 impl GpuContext {
-    /// Runs one dispatch of a kernel whose binding 0 is the read-write `x`, returns `x` after it.
-    fn run_in_place(
+    /// Uploads `x`, records `work` on it, runs it and reads `x` back.
+    fn in_place(
         &self,
-        shader: Shader,
-        entry: &'static str,
-        constants: &[(&'static str, f64)],
         x: &[f32],
-        others: &[&wgpu::Buffer],
-        groups: [u32; 3],
+        work: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<Vec<f32>> {
         let xb = self.output("x", x.len());
         self.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
-        let pipeline = self.pipeline(shader, entry, constants);
-        let mut buffers = vec![&xb];
-        buffers.extend_from_slice(others);
         let mut encoder = self.encoder();
-        self.dispatch(&mut encoder, &pipeline, &buffers, groups);
+        work(&mut encoder, &xb);
         self.submit_read(encoder, &xb, x.len()).wait(self)
     }
 
@@ -127,18 +143,33 @@ impl GpuContext {
                 w.len()
             )));
         }
-        let rows = (x.len() / w.len()) as u32;
+        let rows = x.len() / w.len();
+        if grid(rows as u32)[1] > 1 {
+            return Err(Error::InvalidArgument(format!("{rows} rows are too many")));
+        }
         let nw = self.storage("norm", bytemuck::cast_slice(w));
+        self.in_place(x, |enc, xb| {
+            self.record_norm(enc, xb, &nw, w.len(), rows, eps)
+        })
+    }
+
+    /// Records RMSNorm in place of the `rows` rows of `n` values of `x`, with weights `w`.
+    pub(crate) fn record_norm(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        n: usize,
+        rows: usize,
+        eps: f32,
+    ) {
         let params = self.uniform(&NormParams {
-            n: w.len() as u32,
+            n: n as u32,
             eps,
             _pad: [0; 2],
         });
-        let [gx, gy] = grid(rows);
-        if gy > 1 {
-            return Err(Error::InvalidArgument(format!("{rows} rows are too many")));
-        }
-        self.run_in_place(Shader::Norm, "main", &[], x, &[&nw, &params], [gx, 1, 1])
+        let pipeline = self.pipeline(Shader::Norm, "main", &[]);
+        self.dispatch(encoder, &pipeline, &[x, w, &params], [rows as u32, 1, 1]);
     }
 
     /// RoPE of `x` (`n_tokens × n_heads × head_dim`), token `t` at position `pos0 + t`.
@@ -161,6 +192,21 @@ impl GpuContext {
             )));
         }
         let n_tokens = x.len() / row;
+        self.in_place(x, |enc, xb| {
+            self.record_rope(enc, xb, (n_heads, head_dim), rope, pos0, n_tokens)
+        })
+    }
+
+    /// Records RoPE in place of `x` (`n_tokens × n_heads × head_dim`), token `t` at `pos0 + t`.
+    pub(crate) fn record_rope(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        (n_heads, head_dim): (usize, usize),
+        rope: RopeSettings,
+        pos0: usize,
+        n_tokens: usize,
+    ) {
         let params = self.uniform(&RopeParams {
             n_heads: n_heads as u32,
             head_dim: head_dim as u32,
@@ -176,7 +222,8 @@ impl GpuContext {
             n_heads as u32,
             n_tokens as u32,
         ];
-        self.run_in_place(Shader::Rope, "main", &[], x, &[&params], groups)
+        let pipeline = self.pipeline(Shader::Rope, "main", &[]);
+        self.dispatch(encoder, &pipeline, &[x, &params], groups);
     }
 
     /// Softmax of each row of `x` (rows of `n` values).
@@ -191,7 +238,10 @@ impl GpuContext {
         }
         let params = self.uniform(&[n as u32, 0, 0, 0]);
         let rows = (x.len() / n) as u32;
-        self.run_in_place(Shader::Softmax, "main", &[], x, &[&params], [rows, 1, 1])
+        let pipeline = self.pipeline(Shader::Softmax, "main", &[]);
+        self.in_place(x, |enc, xb| {
+            self.dispatch(enc, &pipeline, &[xb, &params], [rows, 1, 1])
+        })
     }
 
     /// Attention of `q` (`n_tokens × n_head × head_dim`, token `t` at position `pos0 + t`) over
@@ -236,6 +286,29 @@ impl GpuContext {
         let scratch = self.output("scores", n_tokens * s.n_head * n_ctx);
         let out_len = n_tokens * s.n_head * s.head_dim_v;
         let out = self.output("attn", out_len);
+        let mut encoder = self.encoder();
+        let io = AttentionBuffers {
+            q: &qb,
+            keys: &kb,
+            values: &vb,
+            scratch: &scratch,
+            out: &out,
+        };
+        self.record_attention(&mut encoder, &io, s, pos0, n_tokens, n_ctx);
+        self.submit_read(encoder, &out, out_len).wait(self)
+    }
+
+    /// Records attention of the `n_tokens` query rows (at `pos0 + t`) over a cache of `n_ctx`
+    /// positions (the scratch holds `n_tokens × n_head × n_ctx` scores).
+    pub(crate) fn record_attention(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        io: &AttentionBuffers,
+        s: &AttentionShape,
+        pos0: usize,
+        n_tokens: usize,
+        n_ctx: usize,
+    ) {
         let params = self.uniform(&AttentionParams {
             n_head: s.n_head as u32,
             n_head_kv: s.n_head_kv as u32,
@@ -247,14 +320,32 @@ impl GpuContext {
             scale: s.scale,
         });
         let pipeline = self.pipeline(Shader::Attention, "main", &[]);
-        let mut encoder = self.encoder();
         self.dispatch(
-            &mut encoder,
+            encoder,
             &pipeline,
-            &[&qb, &kb, &vb, &scratch, &out, &params],
+            &[io.q, io.keys, io.values, io.scratch, io.out, &params],
             [s.n_head as u32, n_tokens as u32, 1],
         );
-        self.submit_read(encoder, &out, out_len).wait(self)
+    }
+
+    /// Records the append of the `width` values of `x` (even) to the f16 `cache` at `pos`.
+    pub(crate) fn record_kv_store(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        cache: &wgpu::Buffer,
+        width: usize,
+        pos: usize,
+    ) {
+        let n_pairs = width / 2;
+        let params = self.uniform(&KvParams {
+            n_pairs: n_pairs as u32,
+            offset: (pos * n_pairs) as u32,
+            _pad: [0; 2],
+        });
+        let pipeline = self.pipeline(Shader::Kv, "store", &[]);
+        let [gx, gy] = grid((n_pairs as u32).div_ceil(WG));
+        self.dispatch(encoder, &pipeline, &[x, cache, &params], [gx, gy, 1]);
     }
 
     /// The FFN neurons' outputs `act.combine(gate[i], up[i])`.
@@ -287,21 +378,31 @@ impl GpuContext {
         s: f32,
     ) -> Result<Vec<f32>> {
         let yb = self.storage("y", bytemuck::cast_slice(y));
-        let table = self.gelu_table();
+        self.in_place(x, |enc, xb| {
+            self.record_elementwise(enc, (entry, constants), xb, &yb, x.len(), s)
+        })
+    }
+
+    /// Records the element-wise kernel `entry` over the first `n` values of `x` (in place), with
+    /// the second operand `y` and the factor or threshold `s`.
+    pub(crate) fn record_elementwise(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        (entry, constants): (&'static str, &[(&'static str, f64)]),
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n: usize,
+        s: f32,
+    ) {
         let params = self.uniform(&NormParams {
-            n: x.len() as u32,
+            n: n as u32,
             eps: s,
             _pad: [0; 2],
         });
-        let [gx, gy] = grid((x.len() as u32).div_ceil(WG));
-        self.run_in_place(
-            Shader::Elementwise,
-            entry,
-            constants,
-            x,
-            &[&yb, table, &params],
-            [gx, gy, 1],
-        )
+        let [gx, gy] = grid((n as u32).div_ceil(WG));
+        let pipeline = self.pipeline(Shader::Elementwise, entry, constants);
+        let table = self.gelu_table();
+        self.dispatch(encoder, &pipeline, &[x, y, table, &params], [gx, gy, 1]);
     }
 
     /// ggml's GELU table (the f16 of `gelu_tanh(x)` for every f16 `x`), uploaded once.

@@ -1,0 +1,199 @@
+//! A sequence evaluated on the GPU: its KV cache and working vectors live there; each call
+//! records a run of tokens into one command buffer, submits it once and reads the logits back once.
+
+use std::sync::Arc;
+
+use super::acts::ActSets;
+use super::model::GpuModel;
+use super::readback::PendingLogits;
+use crate::engine::{embed_tokens, FfnMode, Logits};
+use crate::model::Model;
+use crate::{Error, Result};
+
+/// Tokens recorded into one command buffer at most (bounds the staging memory of `Logits::All`).
+pub const MAX_TOKENS_PER_SUBMIT: usize = 32;
+
+/// The working vectors of one token's forward pass.
+pub(super) struct Scratch {
+    /// The embeddings of the tokens being recorded (`tokens × n_embd`).
+    pub embd: wgpu::Buffer,
+    pub x: wgpu::Buffer,
+    pub h: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub k: wgpu::Buffer,
+    pub v: wgpu::Buffer,
+    pub attn: wgpu::Buffer,
+    pub scores: wgpu::Buffer,
+    pub o: wgpu::Buffer,
+    pub gate: wgpu::Buffer,
+    pub up: wgpu::Buffer,
+    pub ffn_out: wgpu::Buffer,
+    pub hidden: wgpu::Buffer,
+    pub mask: wgpu::Buffer,
+    pub logits: wgpu::Buffer,
+    pub acts: ActSets,
+}
+
+/// One sequence on a [`GpuModel`]: KV cache and position.
+pub struct GpuSession {
+    pub(super) model: Arc<GpuModel>,
+    pub(super) scratch: Scratch,
+    /// Keys and values of each layer (f16 pairs per u32, position-major).
+    pub(super) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    pub(super) n_ctx: usize,
+    n_past: usize,
+}
+
+impl GpuSession {
+    /// A new sequence of up to `n_ctx` positions on `model`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `n_ctx == 0` or a layer's cache larger than a storage
+    /// binding.
+    pub fn new(model: Arc<GpuModel>, n_ctx: usize) -> Result<GpuSession> {
+        let ctx = &model.ctx;
+        let hp = &model.hp;
+        let cache_bytes = (n_ctx * hp.k_width().max(hp.v_width()) * 2) as u64;
+        if n_ctx == 0 || cache_bytes > ctx.max_binding_bytes() {
+            return Err(Error::InvalidArgument(format!(
+                "a context of {n_ctx} positions does not fit the GPU's KV cache (at most {} bytes per layer)",
+                ctx.max_binding_bytes()
+            )));
+        }
+        let hidden = model
+            .blocks
+            .iter()
+            .filter_map(|b| b.predictor.as_ref().map(|(fc1, _)| fc1.rows))
+            .max()
+            .unwrap_or(1);
+        let scratch = Scratch {
+            embd: ctx.output("embd", MAX_TOKENS_PER_SUBMIT * hp.n_embd),
+            x: ctx.output("x", hp.n_embd),
+            h: ctx.output("h", hp.n_embd),
+            q: ctx.output("q", hp.q_width()),
+            k: ctx.output("k", hp.k_width()),
+            v: ctx.output("v", hp.v_width()),
+            attn: ctx.output("attn", hp.n_head * hp.head_dim_v),
+            scores: ctx.output("scores", hp.n_head * n_ctx),
+            o: ctx.output("o", hp.n_embd),
+            gate: ctx.output("gate", hp.n_ff),
+            up: ctx.output("up", hp.n_ff),
+            ffn_out: ctx.output("ffn_out", hp.n_embd),
+            hidden: ctx.output("hidden", hidden),
+            mask: ctx.output("mask", hp.n_ff),
+            logits: ctx.output("logits", hp.n_vocab),
+            acts: ActSets::new(ctx, model.max_cols),
+        };
+        let kv = (0..hp.n_layer)
+            .map(|_| {
+                (
+                    ctx.output("keys", (n_ctx * hp.k_width()).div_ceil(2)),
+                    ctx.output("values", (n_ctx * hp.v_width()).div_ceil(2)),
+                )
+            })
+            .collect();
+        Ok(GpuSession {
+            model,
+            scratch,
+            kv,
+            n_ctx,
+            n_past: 0,
+        })
+    }
+
+    /// Positions already in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Context capacity.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Forgets everything from position `pos` on.
+    pub fn truncate(&mut self, pos: usize) {
+        self.n_past = self.n_past.min(pos);
+    }
+
+    /// Appends `tokens` (at most 32; `model` is the one this GPU model was uploaded from) and
+    /// submits their forward passes, with the FFN in `mode`, as one command buffer; the returned
+    /// future reads back the last token's logits or every token's (`tokens.len() × n_vocab`).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for bad tokens, a full context, a mode the model was not
+    /// uploaded for, or another model.
+    pub fn submit(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        which: Logits,
+        mode: FfnMode,
+    ) -> Result<PendingLogits> {
+        let hp = &self.model.hp;
+        if model.hp.n_embd != hp.n_embd || model.hp.n_vocab != hp.n_vocab {
+            return Err(Error::InvalidArgument(
+                "this GPU model was uploaded from another model".into(),
+            ));
+        }
+        if tokens.len() > MAX_TOKENS_PER_SUBMIT {
+            return Err(Error::InvalidArgument(format!(
+                "at most {MAX_TOKENS_PER_SUBMIT} tokens per GPU submission, got {}",
+                tokens.len()
+            )));
+        }
+        crate::engine::check_tokens(model, tokens, self.n_past, self.n_ctx)?;
+        let embd = embed_tokens(model, tokens, self.n_past)?;
+        let ctx = self.model.ctx.clone();
+        ctx.queue
+            .write_buffer(&self.scratch.embd, 0, bytemuck::cast_slice(&embd));
+        let n_out = match which {
+            Logits::All => tokens.len(),
+            Logits::Last => 1,
+        };
+        let n_vocab = hp.n_vocab;
+        let row_bytes = (n_vocab * 4) as u64;
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits read-back"),
+            size: row_bytes * n_out as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = ctx.encoder();
+        for t in 0..tokens.len() {
+            let embd_bytes = (hp.n_embd * 4) as u64;
+            encoder.copy_buffer_to_buffer(
+                &self.scratch.embd,
+                t as u64 * embd_bytes,
+                &self.scratch.x,
+                0,
+                embd_bytes,
+            );
+            let last = t + 1 == tokens.len();
+            self.record_token(
+                &mut encoder,
+                self.n_past + t,
+                mode,
+                which == Logits::All || last,
+            )?;
+            let slot = match which {
+                Logits::All => t,
+                Logits::Last if last => 0,
+                Logits::Last => continue,
+            };
+            encoder.copy_buffer_to_buffer(
+                &self.scratch.logits,
+                0,
+                &staging,
+                slot as u64 * row_bytes,
+                row_bytes,
+            );
+        }
+        ctx.queue.submit([encoder.finish()]);
+        self.n_past += tokens.len();
+        Ok(PendingLogits::new(
+            &ctx.device,
+            staging,
+            n_out * n_vocab,
+            hp.final_logit_softcap,
+        ))
+    }
+}
