@@ -60,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let k_width = P.n_head_kv * P.head_dim;
     let v_width = P.n_head_kv * P.head_dim_v;
 
-    var m = -3.4028235e38;
+    var m = -3.4028234e38; // -f32 max (Tint rejects literals above it, even ones that round to it)
     for (var jj = lid; jj < n_keys; jj += WG) {
         let kb = (first + jj) * k_width + kvh * P.head_dim;
         var dot = 0.0;

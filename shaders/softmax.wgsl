@@ -16,7 +16,7 @@ var<workgroup> partial: array<f32, 256>;
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let base = wid.x * P.n;
-    var m = -3.4028235e38;
+    var m = -3.4028234e38; // -f32 max (Tint rejects literals above it, even ones that round to it)
     for (var i = lid; i < P.n; i += WG) {
         m = max(m, X[base + i]);
     }

@@ -51,8 +51,8 @@ pub fn parse_ffn_mode(name: &str) -> Result<Option<FfnMode>, String> {
 #[wasm_bindgen]
 pub struct Engine {
     runner: Runner,
-    #[cfg(target_arch = "wasm32")]
-    gpu: std::cell::RefCell<Option<webgpu::WebGpu>>,
+    /// The WebGPU adapter in use, as JSON (see `AdapterReport`).
+    gpu_report: Option<String>,
 }
 
 #[wasm_bindgen]
@@ -64,19 +64,36 @@ impl Engine {
         let runner = Runner::load(copy_in(bytes), n_ctx as usize).map_err(js_error)?;
         Ok(Engine {
             runner,
-            #[cfg(target_arch = "wasm32")]
-            gpu: Default::default(),
+            gpu_report: None,
         })
     }
 
-    /// Opens the browser's WebGPU device (a promise); resolves to the adapter's description as
-    /// JSON (see `AdapterReport`), rejects when the browser offers no WebGPU adapter.
+    /// Opens the browser's WebGPU device and moves the model's weights there, so that later
+    /// generations run on the GPU (a promise). Resolves to the adapter's description as JSON
+    /// (see `AdapterReport`, plus `weight_bytes` uploaded); rejects when the browser offers no
+    /// WebGPU adapter or the GPU forward pass does not run this model (the engine then stays on
+    /// the CPU).
     #[cfg(target_arch = "wasm32")]
-    pub async fn init_gpu(&self) -> Result<String, JsError> {
-        let gpu = webgpu::open().await.map_err(|m| JsError::new(&m))?;
-        let report = to_json(&gpu.report);
-        *self.gpu.borrow_mut() = Some(gpu);
-        Ok(report)
+    pub async fn init_gpu(&mut self) -> Result<String, JsError> {
+        self.use_cpu();
+        let (ctx, report) = webgpu::open().await.map_err(|m| JsError::new(&m))?;
+        let bytes = self.runner.use_gpu(ctx).map_err(js_error)?;
+        let mut json = serde_json::to_value(&report).map_err(|e| JsError::new(&e.to_string()))?;
+        json["weight_bytes"] = bytes.into();
+        let json = json.to_string();
+        self.gpu_report = Some(json.clone());
+        Ok(json)
+    }
+
+    /// Runs later generations on the wasm CPU kernels.
+    pub fn use_cpu(&mut self) {
+        self.runner.use_cpu();
+        self.gpu_report = None;
+    }
+
+    /// Whether generations run on the GPU (then use `start_async` and `next_token_async`).
+    pub fn uses_gpu(&self) -> bool {
+        self.runner.gpu().is_some()
     }
 
     /// The model's description as JSON (see `ModelInfo`).
@@ -84,9 +101,12 @@ impl Engine {
         to_json(self.runner.info())
     }
 
-    /// Which compute path runs the model: the wasm CPU kernels (the WebGPU path is not wired yet).
+    /// Which compute path runs the model: `webgpu (adapter)` or `cpu (kernels)`.
     pub fn backend(&self) -> String {
-        format!("cpu ({})", self.runner.info().simd)
+        match self.runner.gpu() {
+            Some(ctx) => format!("webgpu ({})", ctx.describe()),
+            None => format!("cpu ({})", self.runner.info().simd),
+        }
     }
 
     /// Token ids of `text`.
@@ -104,19 +124,43 @@ impl Engine {
         seed: u32,
         ffn: &str,
     ) -> Result<u32, JsError> {
-        let opts = StartOptions {
-            max_tokens: max_tokens as usize,
-            temperature,
-            seed: u64::from(seed),
-            ffn: parse_ffn_mode(ffn).map_err(|m| JsError::new(&m))?,
-        };
+        let opts = start_options(max_tokens, temperature, seed, ffn)?;
         let n = self.runner.start(prompt, &opts).map_err(js_error)?;
         Ok(n as u32)
     }
 
-    /// The next token's text (possibly empty), or `undefined` once the generation has stopped.
+    /// `start` on either compute path (a promise; the GPU's prompt passes are awaited).
+    pub async fn start_async(
+        &mut self,
+        prompt: String,
+        max_tokens: u32,
+        temperature: f32,
+        seed: u32,
+        ffn: String,
+    ) -> Result<u32, JsError> {
+        let opts = start_options(max_tokens, temperature, seed, &ffn)?;
+        let n = self
+            .runner
+            .start_async(&prompt, &opts)
+            .await
+            .map_err(js_error)?;
+        Ok(n as u32)
+    }
+
+    /// The next token's text (possibly empty), or `undefined` once the generation has stopped;
+    /// CPU path only (the GPU's is `next_token_async`).
     pub fn next_token(&mut self) -> Result<Option<String>, JsError> {
         self.runner.next_token().map_err(js_error)
+    }
+
+    /// `next_token` on either compute path (a promise; the GPU's forward pass is awaited).
+    pub async fn next_token_async(&mut self) -> Result<Option<String>, JsError> {
+        self.runner.next_token_async().await.map_err(js_error)
+    }
+
+    /// The WebGPU adapter in use as JSON (see `init_gpu`), or `undefined` on the CPU.
+    pub fn gpu_report(&self) -> Option<String> {
+        self.gpu_report.clone()
     }
 
     /// Stops the generation; returns the text still held by the decoder.
@@ -158,6 +202,21 @@ impl Engine {
             .map_err(|e| JsError::new(&e.to_string()))?;
         Ok(to_json(&split))
     }
+}
+
+/// The generation settings the page passes.
+fn start_options(
+    max_tokens: u32,
+    temperature: f32,
+    seed: u32,
+    ffn: &str,
+) -> Result<StartOptions, JsError> {
+    Ok(StartOptions {
+        max_tokens: max_tokens as usize,
+        temperature,
+        seed: u64::from(seed),
+        ffn: parse_ffn_mode(ffn).map_err(|m| JsError::new(&m))?,
+    })
 }
 
 /// Copies a JavaScript byte array into wasm memory once, straight into the shared buffer the

@@ -2,14 +2,22 @@
 //! drives through the bindings in `lib.rs`, written in plain Rust so that it is tested natively.
 //!
 //! All the work is hotcold-core's: [`GgufFile::from_bytes`], [`Model`], [`Tokenizer`],
-//! [`Session`], [`Generator`] and [`Sampler`]; this module only owns them together.
+//! [`Session`] (or, on a GPU, [`GpuModel`] and [`GpuSession`]), [`Generator`] and [`Sampler`];
+//! this module only owns them together.
+//!
+//! Two compute paths: the CPU one is synchronous ([`Runner::start`], [`Runner::next_token`]); the
+//! GPU one awaits each forward pass's logits ([`Runner::start_async`],
+//! [`Runner::next_token_async`], which also run the CPU path), because in a browser WebGPU only
+//! maps a buffer when control returns to the event loop.
 
 use std::sync::{Arc, Mutex};
 
 use hotcold_core::engine::{
-    neuron_bytes, FfnMode, GenerateOptions, Generator, Session, StopReason,
+    neuron_bytes, FfnMode, GenerateOptions, Generator, Logits, Session, StopReason,
 };
 use hotcold_core::gguf::GgufFile;
+use hotcold_core::gpu::forward::{GpuModel, GpuSession, MAX_TOKENS_PER_SUBMIT};
+use hotcold_core::gpu::GpuContext;
 use hotcold_core::model::Model;
 use hotcold_core::placement::{self, Problem};
 use hotcold_core::sample::{Sampler, SamplerConfig};
@@ -89,8 +97,9 @@ pub struct Timings {
     pub decode_secs: f64,
     /// Generated tokens per second.
     pub decode_tok_per_s: f64,
-    /// Mean over the layers of the FFN neurons computed per token (1 for dense).
-    pub computed_density: f64,
+    /// Mean over the layers of the FFN neurons computed per token (1 for dense; `None` on the
+    /// GPU, which does not count them).
+    pub computed_density: Option<f64>,
 }
 
 /// The model and its tokenizer, boxed so that their addresses never change.
@@ -99,9 +108,19 @@ struct Weights {
     tokenizer: Tokenizer,
 }
 
+/// The forward pass of one generation: a CPU session, or a GPU one with its FFN mode.
+enum Forward {
+    Cpu(Session<'static>),
+    Gpu {
+        session: GpuSession,
+        model: &'static Model,
+        mode: FfnMode,
+    },
+}
+
 /// One generation: a session over the model, its sampler and the step-wise generator.
 struct Run {
-    session: Session<'static>,
+    forward: Forward,
     generator: Generator<'static>,
     sampler: Sampler,
     timings: Timings,
@@ -111,6 +130,8 @@ struct Run {
 pub struct Runner {
     // Declared (so dropped) before `weights`, which it borrows.
     run: Option<Run>,
+    /// The model's weights on the GPU, when generations run there.
+    gpu: Option<Arc<GpuModel>>,
     stats: Arc<Mutex<FiringStats>>,
     weights: Box<Weights>,
     info: ModelInfo,
@@ -157,6 +178,7 @@ impl Runner {
         let stats = Arc::new(Mutex::new(FiringStats::new(hp.n_layer, hp.n_ff)));
         Ok(Runner {
             run: None,
+            gpu: None,
             stats,
             weights: Box::new(Weights { model, tokenizer }),
             info,
@@ -173,10 +195,114 @@ impl Runner {
         self.weights.tokenizer.encode(text, true, true)
     }
 
-    /// Starts a new generation (dropping any current one): evaluates `prompt` and resets the
-    /// firing statistics. Returns the number of prompt tokens.
-    pub fn start(&mut self, prompt: &str, opts: &StartOptions) -> Result<usize> {
+    /// Moves the model's weights to `ctx`'s GPU: later generations run there (the current one is
+    /// dropped). Returns the bytes uploaded.
+    ///
+    /// Errors: what the GPU-resident forward pass does not run (the architecture, a weight type)
+    /// or a failed upload; the runner then stays on the CPU.
+    pub fn use_gpu(&mut self, ctx: Arc<GpuContext>) -> Result<u64> {
         self.run = None;
+        self.gpu = None;
+        let gpu = GpuModel::upload(ctx, &self.weights.model, FfnMode::Dense)?;
+        let bytes = gpu.bytes();
+        self.gpu = Some(Arc::new(gpu));
+        Ok(bytes)
+    }
+
+    /// Runs later generations on the CPU (frees the GPU's copy of the weights).
+    pub fn use_cpu(&mut self) {
+        self.run = None;
+        self.gpu = None;
+    }
+
+    /// The GPU the runner uses, if any.
+    pub fn gpu(&self) -> Option<&Arc<GpuContext>> {
+        self.gpu.as_ref().map(|g| g.context())
+    }
+
+    /// Starts a new generation on the CPU (dropping any current one): evaluates `prompt` and
+    /// resets the firing statistics. Returns the number of prompt tokens.
+    ///
+    /// Errors: [`Error::InvalidArgument`] on the GPU path, whose start must be awaited
+    /// ([`Runner::start_async`]); a bad prompt.
+    pub fn start(&mut self, prompt: &str, opts: &StartOptions) -> Result<usize> {
+        if self.gpu.is_some() {
+            return Err(Error::InvalidArgument(
+                "the GPU path is asynchronous: use start_async".into(),
+            ));
+        }
+        self.run = None;
+        let tokens = self.prompt_tokens(prompt)?;
+        let (model, tokenizer) = self.static_weights();
+        let pool = crate::pool::shared_pool()?;
+        let mut session = Session::new(model, self.info.n_ctx, pool);
+        if let Some(mode) = opts.ffn {
+            session.set_ffn_mode(mode)?;
+        }
+        session.set_ffn_observer(Some(observer(self.reset_stats())));
+        let mut sampler = sampler(opts);
+        let start = Instant::now();
+        let generator = Generator::new(
+            &mut session,
+            tokenizer,
+            &mut sampler,
+            &tokens,
+            generate_options(opts),
+        )?;
+        self.run = Some(Run {
+            forward: Forward::Cpu(session),
+            generator,
+            sampler,
+            timings: prompt_timings(tokens.len(), start),
+        });
+        Ok(tokens.len())
+    }
+
+    /// [`Runner::start`] on either path: on the GPU the prompt's forward passes (up to
+    /// [`MAX_TOKENS_PER_SUBMIT`] tokens a submission) are awaited. The firing statistics are not
+    /// gathered on the GPU (they are reset).
+    pub async fn start_async(&mut self, prompt: &str, opts: &StartOptions) -> Result<usize> {
+        let Some(gpu) = self.gpu.clone() else {
+            return self.start(prompt, opts);
+        };
+        self.run = None;
+        let tokens = self.prompt_tokens(prompt)?;
+        let (model, tokenizer) = self.static_weights();
+        let mode = match opts.ffn {
+            Some(mode) => mode,
+            None if self.info.has_predictor => FfnMode::Sparse,
+            None => FfnMode::Dense,
+        };
+        self.reset_stats();
+        let mut session = GpuSession::new(gpu, self.info.n_ctx)?;
+        let start = Instant::now();
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(MAX_TOKENS_PER_SUBMIT) {
+            logits = session.submit(model, chunk, Logits::Last, mode)?.await?;
+        }
+        let mut sampler = sampler(opts);
+        let generator = Generator::with_prompt_logits(
+            tokenizer,
+            &mut sampler,
+            &tokens,
+            logits,
+            generate_options(opts),
+        );
+        self.run = Some(Run {
+            forward: Forward::Gpu {
+                session,
+                model,
+                mode,
+            },
+            generator,
+            sampler,
+            timings: prompt_timings(tokens.len(), start),
+        });
+        Ok(tokens.len())
+    }
+
+    /// The prompt's tokens, checked against the context.
+    fn prompt_tokens(&self, prompt: &str) -> Result<Vec<u32>> {
         let tokens = self.tokenize(prompt)?;
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("the prompt is empty".into()));
@@ -188,65 +314,84 @@ impl Runner {
                 self.info.n_ctx
             )));
         }
+        Ok(tokens)
+    }
+
+    /// The model and tokenizer, for a [`Run`] to hold.
+    fn static_weights(&self) -> (&'static Model, &'static Tokenizer) {
         // SAFETY: `weights` is boxed, never moved out of its box nor mutated while `self` lives,
         // and `run`, the only holder of these references, is declared before it, so it is
         // dropped first (and replaced only through `self.run`). The references never leave
         // `Runner`.
-        let (model, tokenizer): (&'static Model, &'static Tokenizer) = unsafe {
+        unsafe {
             let w: *const Weights = &*self.weights;
             (&(*w).model, &(*w).tokenizer)
-        };
-        let pool = crate::pool::shared_pool()?;
-        let mut session = Session::new(model, self.info.n_ctx, pool);
-        if let Some(mode) = opts.ffn {
-            session.set_ffn_mode(mode)?;
         }
-        let stats = Arc::new(Mutex::new(FiringStats::new(
+    }
+
+    /// New, empty firing statistics (those the page reads from now on).
+    fn reset_stats(&mut self) -> Arc<Mutex<FiringStats>> {
+        self.stats = Arc::new(Mutex::new(FiringStats::new(
             self.info.n_layer,
             self.info.n_ff,
         )));
-        session.set_ffn_observer(Some(observer(stats.clone())));
-        self.stats = stats;
-        let mut sampler = Sampler::new(SamplerConfig {
-            temperature: opts.temperature,
-            seed: opts.seed,
-            ..SamplerConfig::default()
-        });
-        let gen_opts = GenerateOptions {
-            max_tokens: opts.max_tokens,
-            ignore_eos: false,
-        };
-        let start = Instant::now();
-        let generator = Generator::new(&mut session, tokenizer, &mut sampler, &tokens, gen_opts)?;
-        let timings = Timings {
-            prompt_tokens: tokens.len(),
-            prompt_secs: start.elapsed().as_secs_f64(),
-            ..Timings::default()
-        };
-        self.run = Some(Run {
-            session,
-            generator,
-            sampler,
-            timings,
-        });
-        Ok(tokens.len())
+        self.stats.clone()
     }
 
-    /// Samples the next token: its text (possibly empty while a character is incomplete), or
-    /// `None` once the generation has stopped (or none was started).
+    /// Samples the next token on the CPU: its text (possibly empty while a character is
+    /// incomplete), or `None` once the generation has stopped (or none was started).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a GPU generation (use [`Runner::next_token_async`]).
     pub fn next_token(&mut self) -> Result<Option<String>> {
-        let Some(run) = self.run.as_mut() else {
+        let Some(run) = self.live_run() else {
             return Ok(None);
         };
-        if run.generator.stop_reason().is_some() {
-            return Ok(None);
-        }
         let start = Instant::now();
-        let step = run.generator.step(&mut run.session, &mut run.sampler)?;
-        let t = &mut run.timings;
-        t.decode_secs += start.elapsed().as_secs_f64();
-        t.generated_tokens = run.generator.tokens().len();
+        let step = match &mut run.forward {
+            Forward::Cpu(session) => run.generator.step(session, &mut run.sampler)?,
+            Forward::Gpu { .. } => {
+                return Err(Error::InvalidArgument(
+                    "the GPU path is asynchronous: use next_token_async".into(),
+                ))
+            }
+        };
+        run.count_step(start);
         Ok(Some(step.text))
+    }
+
+    /// [`Runner::next_token`] on either path: on the GPU the previous token's forward pass is
+    /// awaited.
+    pub async fn next_token_async(&mut self) -> Result<Option<String>> {
+        let Some(run) = self.live_run() else {
+            return Ok(None);
+        };
+        let start = Instant::now();
+        let step = match &mut run.forward {
+            Forward::Cpu(session) => run.generator.step(session, &mut run.sampler)?,
+            Forward::Gpu {
+                session,
+                model,
+                mode,
+            } => {
+                if let Some(token) = run.generator.needs_eval() {
+                    let logits = session
+                        .submit(model, &[token], Logits::Last, *mode)?
+                        .await?;
+                    run.generator.set_logits(logits);
+                }
+                run.generator
+                    .sample_step(&mut run.sampler, session.n_past(), session.n_ctx())?
+            }
+        };
+        run.count_step(start);
+        Ok(Some(step.text))
+    }
+
+    /// The current generation, unless it has stopped.
+    fn live_run(&mut self) -> Option<&mut Run> {
+        self.run
+            .as_mut()
+            .filter(|r| r.generator.stop_reason().is_none())
     }
 
     /// Stops the current generation; returns the text the decoder still held.
@@ -275,16 +420,19 @@ impl Runner {
         let mut t = run.timings.clone();
         // The first token comes from the prompt's forward pass (as in `hotcold run`).
         t.decode_tok_per_s = t.generated_tokens.saturating_sub(1) as f64 / t.decode_secs.max(1e-9);
-        t.computed_density = run.session.ffn_density().mean();
+        if let Forward::Cpu(session) = &run.forward {
+            t.computed_density = Some(session.ffn_density().mean());
+        }
         t
     }
 
-    /// FFN neurons computed per token, per layer, over the current generation (1 for dense).
+    /// FFN neurons computed per token, per layer, over the current generation (1 for dense;
+    /// empty on the GPU, which does not count them).
     pub fn computed_density(&self) -> Vec<f64> {
-        self.run
-            .as_ref()
-            .map(|r| r.session.ffn_density().per_layer())
-            .unwrap_or_default()
+        match self.run.as_ref().map(|r| &r.forward) {
+            Some(Forward::Cpu(session)) => session.ffn_density().per_layer(),
+            _ => Vec::new(),
+        }
     }
 
     /// Fraction of each layer's FFN neurons that fired for the last token evaluated.
@@ -327,5 +475,39 @@ impl Runner {
 
     fn with_stats<T: Default>(&self, f: impl FnOnce(&FiringStats) -> T) -> T {
         self.stats.lock().map(|s| f(&s)).unwrap_or_default()
+    }
+}
+
+impl Run {
+    /// Adds a step that began at `start` to the timings.
+    fn count_step(&mut self, start: Instant) {
+        self.timings.decode_secs += start.elapsed().as_secs_f64();
+        self.timings.generated_tokens = self.generator.tokens().len();
+    }
+}
+
+/// The sampler `opts` asks for.
+fn sampler(opts: &StartOptions) -> Sampler {
+    Sampler::new(SamplerConfig {
+        temperature: opts.temperature,
+        seed: opts.seed,
+        ..SamplerConfig::default()
+    })
+}
+
+/// The generator's limits for `opts`.
+fn generate_options(opts: &StartOptions) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: opts.max_tokens,
+        ignore_eos: false,
+    }
+}
+
+/// The timings of a prompt of `n` tokens whose evaluation began at `start`.
+fn prompt_timings(n: usize, start: Instant) -> Timings {
+    Timings {
+        prompt_tokens: n,
+        prompt_secs: start.elapsed().as_secs_f64(),
+        ..Timings::default()
     }
 }

@@ -6,6 +6,9 @@
 //! storage bindings where wgpu's defaults stop at 128 MiB) and no optional feature: the kernels
 //! need neither `shader-f16` nor subgroups, which SwiftShader and many devices lack.
 
+use std::sync::Arc;
+
+use hotcold_core::gpu::GpuContext;
 use serde::Serialize;
 
 /// What the page shows about the WebGPU adapter in use.
@@ -25,23 +28,11 @@ pub struct AdapterReport {
     pub features: String,
 }
 
-/// An open WebGPU device with its queue.
-pub struct WebGpu {
-    /// The adapter the device came from.
-    pub adapter: wgpu::Adapter,
-    /// The device, with the adapter's limits.
-    pub device: wgpu::Device,
-    /// Its queue.
-    pub queue: wgpu::Queue,
-    /// What the page shows about it.
-    pub report: AdapterReport,
-}
-
-/// Opens the browser's WebGPU adapter and a device on it.
+/// Opens the browser's WebGPU adapter and a device on it, as hotcold-core's GPU context.
 ///
 /// Errors: a message when the browser has no WebGPU (`navigator.gpu` missing or no adapter) or
 /// refuses the device.
-pub async fn open() -> Result<WebGpu, String> {
+pub async fn open() -> Result<(Arc<GpuContext>, AdapterReport), String> {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = wgpu::Backends::BROWSER_WEBGPU;
     let instance = wgpu::Instance::new(desc);
@@ -63,6 +54,7 @@ pub async fn open() -> Result<WebGpu, String> {
         })
         .await
         .map_err(|e| format!("the WebGPU adapter refused a device: {e}"))?;
+    let features = format!("{:?}", adapter.features());
     let name = [
         info.name.as_str(),
         info.driver.as_str(),
@@ -84,12 +76,10 @@ pub async fn open() -> Result<WebGpu, String> {
         max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
         max_buffer_size: limits.max_buffer_size,
         max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
-        features: format!("{:?}", adapter.features()),
+        features,
     };
-    Ok(WebGpu {
-        adapter,
-        device,
-        queue,
+    Ok((
+        GpuContext::from_device(device, queue, info, &limits),
         report,
-    })
+    ))
 }

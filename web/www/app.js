@@ -1,7 +1,12 @@
 // The page: loads the wasm engine and a model, streams a generation token by token, and draws
-// the sparsity pictures. Query parameters (?model=URL&prompt=…&n=…&run=1) preload a model and
-// start a generation, which the browser test uses; document.body.dataset.state tells where the
-// page is (starting, idle, loading, ready, generating, done, error).
+// the sparsity pictures. Query parameters (?model=URL&prompt=…&n=…&run=1&compute=auto|webgpu|cpu)
+// preload a model and start a generation, which the browser test uses; document.body.dataset.state
+// tells where the page is (starting, idle, loading, ready, generating, done, error) and
+// document.body.dataset.backend which compute path ran.
+//
+// Compute: on WebGPU (when the browser offers an adapter and the compute choice allows it) the
+// engine's forward pass runs on the GPU and each token is awaited (start_async, next_token_async);
+// on the wasm CPU path the calls are synchronous (start, next_token).
 
 import init, { Engine } from './pkg/hotcold_web.js';
 import { drawDensity, drawHeatmap } from './charts.js';
@@ -66,10 +71,11 @@ async function loadBytes(bytes, name) {
   const loadMs = performance.now() - t0;
   info = JSON.parse(engine.info());
   document.body.dataset.modelLoadMs = loadMs.toFixed(0);
-  $('backend').textContent = engine.backend();
-  setState('ready', `${name}: ${info.arch} (${info.format}), ${info.n_layer} layers × ${info.n_ff} FFN neurons, `
+  const description = `${name}: ${info.arch} (${info.format}), ${info.n_layer} layers × ${info.n_ff} FFN neurons, `
     + `vocabulary ${info.n_vocab}, context ${info.n_ctx}, ${info.has_predictor ? 'with' : 'without'} predictor; `
-    + `loaded in ${loadMs.toFixed(0)} ms`);
+    + `loaded in ${loadMs.toFixed(0)} ms`;
+  const note = await applyCompute();
+  setState('ready', note ? `${description} (${note})` : description);
   $('run').disabled = false;
   setupBudget();
   drawPictures();
@@ -108,6 +114,31 @@ async function loadFile(file) {
   } catch (e) { fail(e); }
 }
 
+/** Puts the engine on the compute path the `compute` choice asks for; returns a note when `auto`
+ * fell back to the CPU. Throws when WebGPU was asked for and cannot run the model. */
+async function applyCompute() {
+  const choice = $('compute').value;
+  let note = '';
+  if (choice === 'cpu') {
+    engine.use_cpu();
+  } else {
+    try {
+      const t0 = performance.now();
+      const report = JSON.parse(await engine.init_gpu());
+      document.body.dataset.gpuLoadMs = (performance.now() - t0).toFixed(0);
+      document.body.dataset.gpuLimits = JSON.stringify(report);
+    } catch (e) {
+      if (choice === 'webgpu') throw e;
+      engine.use_cpu();
+      note = `WebGPU not used: ${e.message || e}`;
+    }
+  }
+  const backend = engine.backend();
+  $('backend').textContent = backend;
+  document.body.dataset.backend = backend;
+  return note;
+}
+
 function totalFfnBytes() {
   return info.neuron_bytes.reduce((s, b) => s + b * info.n_ff, 0);
 }
@@ -143,7 +174,9 @@ function showSpeed() {
   const t = JSON.parse(engine.timings());
   $('speed').textContent = `prompt ${t.prompt_tokens} tokens in ${(t.prompt_secs * 1000).toFixed(0)} ms · `
     + `${t.generated_tokens} tokens, ${t.decode_tok_per_s.toFixed(1)} tok/s · `
-    + `FFN neurons computed per token: ${(100 * t.computed_density).toFixed(1)}%`;
+    + (t.computed_density === null
+      ? 'FFN statistics are gathered on the CPU path only'
+      : `FFN neurons computed per token: ${(100 * t.computed_density).toFixed(1)}%`);
 }
 
 async function generate() {
@@ -156,12 +189,14 @@ async function generate() {
   $('prompt-echo').textContent = prompt;
   setState('generating');
   try {
-    engine.start(prompt, Number($('max-tokens').value), Number($('temperature').value),
-      Number($('seed').value) >>> 0, $('ffn').value);
+    const args = [prompt, Number($('max-tokens').value), Number($('temperature').value),
+      Number($('seed').value) >>> 0, $('ffn').value];
+    const gpu = engine.uses_gpu();
+    if (gpu) await engine.start_async(...args); else engine.start(...args);
     let lastPaint = 0;
     for (;;) {
       if (stopRequested) { $('output').textContent += engine.stop(); break; }
-      const text = engine.next_token();
+      const text = gpu ? await engine.next_token_async() : engine.next_token();
       if (text === undefined) break;
       $('output').textContent += text;
       const now = performance.now();
@@ -188,9 +223,16 @@ async function main() {
   $('run').addEventListener('click', generate);
   $('stop').addEventListener('click', () => { stopRequested = true; });
   $('budget').addEventListener('input', () => { updateBudgetText(); drawPictures(); });
+  $('compute').addEventListener('change', async () => {
+    if (!engine || document.body.dataset.state === 'generating') return;
+    try {
+      const note = await applyCompute();
+      if (note) $('model-info').textContent = note;
+    } catch (e) { fail(e); }
+  });
   webgpuAdapterName().then((name) => { $('webgpu').textContent = name; document.body.dataset.webgpu = name; });
   await init();
-  $('backend').textContent = 'cpu (wasm)';
+  $('backend').textContent = 'no model loaded';
   const pageMs = performance.now() - pageStart;
   document.body.dataset.pageLoadMs = pageMs.toFixed(0);
   setState('idle');
@@ -198,6 +240,7 @@ async function main() {
   if (params.has('prompt')) $('prompt').value = params.get('prompt');
   if (params.has('n')) $('max-tokens').value = params.get('n');
   if (params.has('ffn')) $('ffn').value = params.get('ffn');
+  if (params.has('compute')) $('compute').value = params.get('compute');
   if (params.has('model')) {
     $('url').value = params.get('model');
     await loadUrl(params.get('model'));

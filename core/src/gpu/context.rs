@@ -113,6 +113,19 @@ impl GpuContext {
         )
     }
 
+    /// Blocks until the submitted work is done and runs its callbacks, so that futures such as
+    /// [`super::forward::PendingLogits`] complete (natively; a browser does this on its event
+    /// loop).
+    ///
+    /// Errors: [`Error::Gpu`] when the device is lost.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn poll(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))
+    }
+
     /// Whether the adapter is a software rasteriser (its timings mean nothing).
     pub fn is_software(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
