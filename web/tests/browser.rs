@@ -1,12 +1,14 @@
-//! The page in headless Chromium: loads a model from the site, generates greedily on the wasm CPU
-//! path, and must print exactly the native engine's text (hotcold-core's `generate`, what
-//! `hotcold run --temp 0` prints after the prompt): first the tiny synthetic ReLU model built with
-//! the page, then the default real model (Gemma 3 270M, from the model cache). Saves a screenshot
-//! of the page after each and prints the load times and speed.
+//! The page in headless Chromium: loads a model from the site, generates greedily, and must print
+//! exactly the native engine's text (hotcold-core's `generate`, what `hotcold run --temp 0` prints
+//! after the prompt): the tiny synthetic ReLU model built with the page on the wasm CPU path and
+//! on WebGPU (Chromium's SwiftShader adapter), then the default real model (Gemma 3 270M, from the
+//! model cache) on the CPU path (on SwiftShader its prompt alone takes minutes). Saves a
+//! screenshot of the page after each and prints the load times and speed.
 //!
 //! Needs `bash web/build.sh` first (the wasm module and the tiny model under web/www) and the
 //! default model (`bash scripts/fetch-models.sh`). Skipped, with a message, only when chromium or
-//! chromedriver is not installed (CI installs both).
+//! chromedriver is not installed (CI installs both); the WebGPU case only when the browser offers
+//! no adapter.
 
 mod support;
 
@@ -67,28 +69,51 @@ fn query_escape(s: &str) -> String {
         .collect()
 }
 
-/// Opens the page on `model_url`, waits for `n_tokens` greedy tokens, saves a screenshot named
-/// `name` and checks the text against the native engine on `model_path`.
-fn check_page(browser: &Browser, port: u16, model_url: &str, model_path: &Path, n_tokens: usize) {
+/// The page's compute paths.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Compute {
+    Cpu,
+    WebGpu,
+}
+
+impl Compute {
+    /// The page's `compute` parameter, also the prefix of the backend it reports.
+    fn name(self) -> &'static str {
+        match self {
+            Compute::Cpu => "cpu",
+            Compute::WebGpu => "webgpu",
+        }
+    }
+}
+
+/// Opens the page on `model_url` with `compute`, waits for `n_tokens` greedy tokens, saves a
+/// screenshot and checks the text against the native engine on `model_path`.
+fn check_page(
+    browser: &Browser,
+    port: u16,
+    model_url: &str,
+    model_path: &Path,
+    n_tokens: usize,
+    compute: Compute,
+) {
     let want = native_greedy_text(model_path, n_tokens);
     assert!(!want.is_empty());
     let url = format!(
-        "http://127.0.0.1:{port}/?model={model_url}&n={n_tokens}&run=1&prompt={}",
+        "http://127.0.0.1:{port}/?model={model_url}&n={n_tokens}&run=1&compute={}&prompt={}",
+        compute.name(),
         query_escape(PROMPT)
     );
     let start = Instant::now();
     browser.goto(&url);
     let state = browser.wait_for(
         "const s = document.body.dataset.state; return s === 'done' || s === 'error' ? s : null;",
-        Duration::from_secs(40),
+        Duration::from_secs(60),
     );
     let elapsed = start.elapsed();
     let screenshot = browser.screenshot();
-    let name = Path::new(model_url).with_extension("png");
-    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "web-page-{}",
-        name.file_name().unwrap().to_string_lossy()
-    ));
+    let stem = Path::new(model_url).file_stem().unwrap().to_string_lossy();
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("web-page-{stem}-{}.png", compute.name()));
     std::fs::write(&shot, &screenshot).unwrap();
     eprintln!("{model_url}: screenshot {}", shot.display());
     let error = browser.eval("return document.body.dataset.error || '';");
@@ -97,18 +122,25 @@ fn check_page(browser: &Browser, port: u16, model_url: &str, model_path: &Path, 
     let data = browser.eval(
         "const d = document.body.dataset; return {out: document.getElementById('output').textContent, \
          page: d.pageLoadMs, model: d.modelLoadMs, stop: d.stop, webgpu: d.webgpu, \
+         backend: d.backend, gpu: d.gpuLimits || '', \
          speed: document.getElementById('speed').textContent, \
          split: document.getElementById('split-text').textContent};",
     );
     eprintln!(
-        "{model_url}: page ready in {} ms, model parsed in {} ms, {:.0} ms from opening the page to \
-         the last of {n_tokens} tokens; WebGPU adapter: {}; {}",
+        "{model_url} on {}: page ready in {} ms, model parsed in {} ms, {:.0} ms from opening the \
+         page to the last of {n_tokens} tokens; WebGPU adapter: {}; {}",
+        data["backend"],
         data["page"],
         data["model"],
         elapsed.as_secs_f64() * 1000.0,
         data["webgpu"],
         data["speed"]
     );
+    if compute == Compute::WebGpu {
+        eprintln!("WebGPU device: {}", data["gpu"]);
+    }
+    let backend = data["backend"].as_str().unwrap_or("");
+    assert!(backend.starts_with(compute.name()), "ran on {backend}");
     assert_eq!(data["out"].as_str().unwrap(), want, "{model_url}");
     assert_eq!(data["stop"], "MaxTokens");
     assert!(data["webgpu"].as_str().is_some_and(|s| !s.is_empty()));
@@ -142,9 +174,31 @@ fn page_generates_the_native_greedy_text() {
         .unwrap_or_else(|e| panic!("{e} (run bash scripts/fetch-models.sh)"));
     let port = serve_dir(www, vec![("cache/gemma.gguf".into(), gemma.clone())]);
     let browser = Browser::start(&chromedriver, &chromium);
-    check_page(&browser, port, "models/tiny.gguf", &tiny, 48);
-    check_page(&browser, port, "cache/gemma.gguf", &gemma, 8);
+    check_page(&browser, port, "models/tiny.gguf", &tiny, 48, Compute::Cpu);
+    let adapter = webgpu_adapter(&browser);
+    if adapter.starts_with("none") {
+        eprintln!("SKIPPED the WebGPU case: the browser offers no WebGPU adapter ({adapter})");
+    } else {
+        check_page(
+            &browser,
+            port,
+            "models/tiny.gguf",
+            &tiny,
+            16,
+            Compute::WebGpu,
+        );
+    }
+    check_page(&browser, port, "cache/gemma.gguf", &gemma, 8, Compute::Cpu);
     check_stop_button(&browser, &gemma);
+}
+
+/// The WebGPU adapter the open page reports (`none…` when the browser offers none).
+fn webgpu_adapter(browser: &Browser) -> String {
+    let name = browser.wait_for(
+        "return document.body.dataset.webgpu || null;",
+        Duration::from_secs(10),
+    );
+    name.as_str().unwrap_or("none").to_string()
 }
 
 /// On the loaded page: a longer generation, stopped with the Stop button once text has appeared,
