@@ -101,10 +101,12 @@ impl Engine {
         to_json(self.runner.info())
     }
 
-    /// Which compute path runs the model: `webgpu (adapter)` or `cpu (kernels)`.
+    /// Which compute path runs the model: `webgpu` (`webgpu (software adapter)` on SwiftShader)
+    /// or `cpu (kernels)`.
     pub fn backend(&self) -> String {
         match self.runner.gpu() {
-            Some(ctx) => format!("webgpu ({})", ctx.describe()),
+            Some(ctx) if ctx.is_software() => "webgpu (software adapter)".into(),
+            Some(_) => "webgpu".into(),
             None => format!("cpu ({})", self.runner.info().simd),
         }
     }

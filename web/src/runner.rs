@@ -108,11 +108,12 @@ struct Weights {
     tokenizer: Tokenizer,
 }
 
-/// The forward pass of one generation: a CPU session, or a GPU one with its FFN mode.
+/// The forward pass of one generation: a CPU session, or a GPU one with its FFN mode (both
+/// boxed: their sizes differ a lot, and by target).
 enum Forward {
-    Cpu(Session<'static>),
+    Cpu(Box<Session<'static>>),
     Gpu {
-        session: GpuSession,
+        session: Box<GpuSession>,
         model: &'static Model,
         mode: FfnMode,
     },
@@ -250,7 +251,7 @@ impl Runner {
             generate_options(opts),
         )?;
         self.run = Some(Run {
-            forward: Forward::Cpu(session),
+            forward: Forward::Cpu(Box::new(session)),
             generator,
             sampler,
             timings: prompt_timings(tokens.len(), start),
@@ -290,7 +291,7 @@ impl Runner {
         );
         self.run = Some(Run {
             forward: Forward::Gpu {
-                session,
+                session: Box::new(session),
                 model,
                 mode,
             },

@@ -4,19 +4,22 @@
 // tells where the page is (starting, idle, loading, ready, generating, done, error) and
 // document.body.dataset.backend which compute path ran.
 //
-// Compute: on WebGPU (when the browser offers an adapter and the compute choice allows it) the
-// engine's forward pass runs on the GPU and each token is awaited (start_async, next_token_async);
-// on the wasm CPU path the calls are synchronous (start, next_token).
+// Compute: on WebGPU (when the browser offers an adapter and the compute choice allows it; `auto`
+// passes over software adapters such as SwiftShader, slower than the CPU path) the engine's forward
+// pass runs on the GPU and each token is awaited (start_async, next_token_async); on the wasm CPU
+// path the calls are synchronous (start, next_token).
 
 import init, { Engine } from './pkg/hotcold_web.js';
 import { drawDensity, drawHeatmap } from './charts.js';
-import { webgpuAdapterName } from './webgpu.js';
+import { webgpuAdapter } from './webgpu.js';
 
 const $ = (id) => document.getElementById(id);
 const pageStart = performance.now();
 let engine = null;
 let info = null;
 let stopRequested = false;
+// What the browser offers (see webgpu.js), once known.
+const adapterPromise = webgpuAdapter();
 
 function setState(state, message) {
   document.body.dataset.state = state;
@@ -118,8 +121,12 @@ async function loadFile(file) {
  * fell back to the CPU. Throws when WebGPU was asked for and cannot run the model. */
 async function applyCompute() {
   const choice = $('compute').value;
+  const adapter = await adapterPromise;
   let note = '';
-  if (choice === 'cpu') {
+  if (choice === 'auto' && adapter.software) {
+    engine.use_cpu();
+    note = `WebGPU not used: ${adapter.name} is a software adapter (choose WebGPU to use it anyway)`;
+  } else if (choice === 'cpu') {
     engine.use_cpu();
   } else {
     try {
@@ -230,7 +237,11 @@ async function main() {
       if (note) $('model-info').textContent = note;
     } catch (e) { fail(e); }
   });
-  webgpuAdapterName().then((name) => { $('webgpu').textContent = name; document.body.dataset.webgpu = name; });
+  adapterPromise.then(({ name, software }) => {
+    const text = software ? `${name} (software)` : name;
+    $('webgpu').textContent = text;
+    document.body.dataset.webgpu = text;
+  });
   await init();
   $('backend').textContent = 'no model loaded';
   const pageMs = performance.now() - pageStart;
