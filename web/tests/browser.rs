@@ -69,19 +69,22 @@ fn query_escape(s: &str) -> String {
         .collect()
 }
 
-/// The page's compute paths.
+/// The page's compute choices.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Compute {
     Cpu,
     WebGpu,
+    /// WebGPU unless the adapter is a software one (then the CPU path).
+    Auto,
 }
 
 impl Compute {
-    /// The page's `compute` parameter, also the prefix of the backend it reports.
+    /// The page's `compute` parameter.
     fn name(self) -> &'static str {
         match self {
             Compute::Cpu => "cpu",
             Compute::WebGpu => "webgpu",
+            Compute::Auto => "auto",
         }
     }
 }
@@ -140,7 +143,16 @@ fn check_page(
         eprintln!("WebGPU device: {}", data["gpu"]);
     }
     let backend = data["backend"].as_str().unwrap_or("");
-    assert!(backend.starts_with(compute.name()), "ran on {backend}");
+    let adapter = data["webgpu"].as_str().unwrap_or("");
+    let expected = match compute {
+        Compute::Auto if adapter.starts_with("none") || adapter.ends_with("(software)") => "cpu",
+        Compute::Auto => "webgpu",
+        other => other.name(),
+    };
+    assert!(
+        backend.starts_with(expected),
+        "{compute:?} ran on {backend} ({adapter})"
+    );
     assert_eq!(data["out"].as_str().unwrap(), want, "{model_url}");
     assert_eq!(data["stop"], "MaxTokens");
     assert!(data["webgpu"].as_str().is_some_and(|s| !s.is_empty()));
@@ -188,6 +200,7 @@ fn page_generates_the_native_greedy_text() {
             Compute::WebGpu,
         );
     }
+    check_page(&browser, port, "models/tiny.gguf", &tiny, 8, Compute::Auto);
     check_page(&browser, port, "cache/gemma.gguf", &gemma, 8, Compute::Cpu);
     check_stop_button(&browser, &gemma);
 }
