@@ -25,7 +25,7 @@ pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnT
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
 pub(crate) use session::{check_tokens, embed_tokens};
-pub use session::{Logits, Session};
+pub use session::{default_ffn_mode, Logits, Session};
 
 use std::sync::Arc;
 
