@@ -19,7 +19,7 @@ pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gguf;
-#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+#[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod model;
 pub mod models;

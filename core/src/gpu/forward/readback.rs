@@ -18,6 +18,7 @@ struct MapState {
 /// A step's logits on their way back from the GPU. `.await` it, or [`PendingLogits::wait`].
 #[must_use = "the logits are only read by awaiting or waiting"]
 pub struct PendingLogits {
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     device: wgpu::Device,
     staging: wgpu::Buffer,
     n: usize,
