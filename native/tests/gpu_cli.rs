@@ -1,6 +1,7 @@
 //! `--device` and `--vram-budget` end to end: the same greedy text on the GPU (any adapter;
-//! lavapipe in CI) as on the CPU, on the default model (whole layers offloaded) and on a `synth`
-//! sparse model (hot neurons split), and clear errors for bad values.
+//! lavapipe in CI) as on the CPU, on the default model (whole layers offloaded, or the whole model
+//! resident) and on a `synth` sparse model (hot neurons split, or resident in `--ffn sparse` and
+//! `dense`), and clear errors for bad values.
 
 mod common;
 
@@ -30,7 +31,12 @@ fn greedy(model: &str, extra: &[&str]) -> String {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     if extra.contains(&"gpu") {
-        assert!(stderr.contains("of FFN weights on the GPU"), "{stderr}");
+        let placed = if extra.contains(&"--vram-budget") {
+            "of FFN weights on the GPU"
+        } else {
+            "the whole model on the GPU"
+        };
+        assert!(stderr.contains(placed), "{stderr}");
     }
     String::from_utf8(out.stdout).unwrap()
 }
@@ -54,6 +60,22 @@ fn gpu_runs_write_the_cpu_text() {
         }
         assert_eq!(greedy(m, &["--device", "gpu"]), cpu);
     }
+    // The resident pass in both FFN modes of the sparse file.
+    let synth = synth.to_str().unwrap();
+    for ffn in ["sparse", "dense"] {
+        let cpu = greedy(synth, &["--device", "cpu", "--ffn", ffn]);
+        assert_eq!(greedy(synth, &["--device", "gpu", "--ffn", ffn]), cpu);
+    }
+    // What the resident pass does not run falls back to the hybrid FFN, with the reason.
+    let out = hotcold(&[
+        "run", "-m", synth, "-p", "x", "-n", "2", "--device", "gpu", "--ffn", "oracle",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("does not run --ffn oracle") && stderr.contains("hybrid instead"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -201,6 +201,9 @@ impl Runner {
     ///
     /// Errors: what the GPU-resident forward pass does not run (the architecture, a weight type)
     /// or a failed upload; the runner then stays on the CPU.
+    // WebGPU's objects are neither Send nor Sync (a page runs them on one thread); the Arc is
+    // what GpuSession takes.
+    #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
     pub fn use_gpu(&mut self, ctx: Arc<GpuContext>) -> Result<u64> {
         self.run = None;
         self.gpu = None;

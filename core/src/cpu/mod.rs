@@ -265,7 +265,10 @@ pub fn round_like_matmul_input(
 /// backend, whose kernels take the same quants and scales).
 ///
 /// Errors: as [`round_like_matmul_input`].
-#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+#[cfg_attr(
+    not(all(feature = "gpu", not(target_arch = "wasm32"))),
+    allow(dead_code)
+)]
 pub(crate) fn quantize_like_matmul(
     ty: GgmlType,
     x: &[f32],

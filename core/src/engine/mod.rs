@@ -5,7 +5,7 @@ mod attention;
 mod batch;
 mod ffn;
 mod generate;
-#[cfg(feature = "gpu")]
+#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
 mod gpu_ffn;
 mod kv_cache;
 mod norm;
@@ -18,14 +18,14 @@ mod session;
 pub use batch::{Batch, SeqId, Work};
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
 pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, StopReason};
-#[cfg(feature = "gpu")]
+#[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
 pub use gpu_ffn::{layer_fits_kernels, GpuFfn};
 pub use kv_cache::KvCache;
 pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor};
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
 pub(crate) use session::{check_tokens, embed_tokens};
-pub use session::{Logits, Session};
+pub use session::{default_ffn_mode, Logits, Session};
 
 use std::sync::Arc;
 

@@ -106,8 +106,14 @@ impl<'m> Session<'m> {
         self.fwd.offload = offload;
     }
 
-    /// Installs (or removes) a callback that sees every layer's FFN input and activations.
+    /// Installs (or removes) a callback that sees every layer's FFN input and activations. An
+    /// observer needs the CPU pass: installing one turns the GPU-resident pass off (and forgets
+    /// the sequence when it had tokens there).
     pub fn set_ffn_observer(&mut self, observer: Option<FfnObserver>) {
+        #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+        if observer.is_some() && self.gpu.take().is_some() {
+            self.n_past = 0;
+        }
         self.fwd.observer = observer;
     }
 
@@ -489,7 +495,8 @@ impl<'m> Forward<'m> {
     }
 }
 
-fn default_ffn_mode(model: &Model) -> FfnMode {
+/// The FFN mode a new session starts in: `Sparse` when every layer has a predictor, else `Dense`.
+pub fn default_ffn_mode(model: &Model) -> FfnMode {
     if model.layers.iter().all(|l| l.predictor.is_some()) {
         FfnMode::Sparse
     } else {

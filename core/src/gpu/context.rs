@@ -1,5 +1,4 @@
-//! The wgpu device: adapter choice, limits, buffer helpers and read-back (blocking natively; in a
-//! browser the device is opened and results are awaited by the caller).
+//! The wgpu device: adapter choice, limits, buffer helpers and blocking read-back.
 
 use std::sync::Arc;
 
@@ -40,7 +39,6 @@ impl std::fmt::Debug for GpuContext {
 }
 
 /// Ranks adapter types, best first (`None`: not allowed by `choice`).
-#[cfg(not(target_arch = "wasm32"))]
 fn rank(ty: wgpu::DeviceType, choice: AdapterChoice) -> Option<u8> {
     use wgpu::DeviceType::*;
     Some(match ty {
@@ -54,55 +52,67 @@ fn rank(ty: wgpu::DeviceType, choice: AdapterChoice) -> Option<u8> {
 }
 
 impl GpuContext {
-    /// Opens the best adapter `choice` allows (discrete before integrated before software).
+    /// Opens the best adapter `choice` allows (discrete before integrated before software),
+    /// blocking until it is ready (native only; the browser awaits [`GpuContext::request`]).
     ///
     /// Errors: [`Error::Gpu`] when no adapter qualifies or the device cannot be created.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(choice: AdapterChoice) -> Result<Arc<GpuContext>> {
+        pollster::block_on(GpuContext::request(choice))
+    }
+
+    /// Opens the best adapter `choice` allows: natively discrete before integrated before
+    /// software; in the browser, the adapter WebGPU offers.
+    ///
+    /// Errors: [`Error::Gpu`] when no adapter qualifies or the device cannot be created.
+    // WebGPU's objects are neither Send nor Sync (a page runs them on one thread).
+    #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+    pub async fn request(choice: AdapterChoice) -> Result<Arc<GpuContext>> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let adapter = adapters
+        let none = || {
+            Error::Gpu(match choice {
+                AdapterChoice::Hardware => "no hardware GPU adapter found".into(),
+                AdapterChoice::Any => "no GPU adapter found (for a software one install Mesa's lavapipe: apt-get install mesa-vulkan-drivers libvulkan1)".into(),
+            })
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        let adapter = instance
+            .enumerate_adapters(wgpu::Backends::all())
+            .await
             .into_iter()
             .filter_map(|a| rank(a.get_info().device_type, choice).map(|r| (r, a)))
             .min_by_key(|(r, _)| *r)
             .map(|(_, a)| a)
-            .ok_or_else(|| {
-                Error::Gpu(match choice {
-                    AdapterChoice::Hardware => "no hardware GPU adapter found".into(),
-                    AdapterChoice::Any => "no GPU adapter found (for a software one install Mesa's lavapipe: apt-get install mesa-vulkan-drivers libvulkan1)".into(),
-                })
-            })?;
+            .ok_or_else(none)?;
+        #[cfg(target_arch = "wasm32")]
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .ok()
+            .filter(|a| rank(a.get_info().device_type, choice).is_some())
+            .ok_or_else(none)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("hotcold"),
-            required_features: wgpu::Features::empty(),
-            required_limits: limits.clone(),
-            ..Default::default()
-        }))
-        .map_err(|e| Error::Gpu(format!("cannot open {}: {e}", info.name)))?;
-        Ok(GpuContext::from_device(device, queue, info, &limits))
-    }
-
-    /// Wraps a device opened elsewhere (in a browser, asynchronously through WebGPU) whose
-    /// adapter is described by `info` and which was created with `limits`.
-    pub fn from_device(
-        device: wgpu::Device,
-        queue: wgpu::Queue,
-        info: wgpu::AdapterInfo,
-        limits: &wgpu::Limits,
-    ) -> Arc<GpuContext> {
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("hotcold"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Gpu(format!("cannot open {}: {e}", info.name)))?;
         let max_binding = MAX_BINDING_BYTES
             .min(limits.max_storage_buffer_binding_size)
             .min(limits.max_buffer_size);
-        Arc::new(GpuContext {
+        Ok(Arc::new(GpuContext {
             device,
             queue,
             info,
             max_binding,
             pipelines: Default::default(),
             gelu: Default::default(),
-        })
+        }))
     }
 
     /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
@@ -219,9 +229,14 @@ pub struct Pending {
 impl Pending {
     /// Blocks until the GPU has finished and returns the result.
     ///
-    /// Errors: [`Error::Gpu`] when the device is lost or the buffer cannot be mapped (always in a
-    /// browser, where WebGPU maps buffers only once control returns to the event loop).
+    /// Errors: [`Error::Gpu`] when the device is lost or the buffer cannot be mapped, and always
+    /// in the browser (which cannot block: the resident pass's read-back is a future there).
     pub fn wait(self, ctx: &GpuContext) -> Result<Vec<f32>> {
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Gpu(
+                "a blocking GPU read-back is not available in the browser".into(),
+            ));
+        }
         let slice = self.staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -233,9 +248,8 @@ impl Pending {
                 timeout: None,
             })
             .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
-        // `poll` has run the map callback of a finished submission.
-        rx.try_recv()
-            .map_err(|_| Error::Gpu("the GPU finished but the read-back was not mapped".into()))?
+        rx.recv()
+            .map_err(|_| Error::Gpu("the read-back was dropped".into()))?
             .map_err(|e| Error::Gpu(format!("cannot map the read-back buffer: {e}")))?;
         let data = slice
             .get_mapped_range()

@@ -45,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.file.display()
     );
     anyhow::ensure!(args.n_predict > 0, "-n must be at least 1");
-    let loaded = Arc::new(args.model.load(DefaultModel::Gemma3_270m)?);
+    let loaded = Arc::new(args.model.load_for_batches(DefaultModel::Gemma3_270m)?);
     let mut tokenized = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
         let tokens = loaded.tokenizer.encode(p, true, true)?;

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use hotcold_core::engine::{thread_pool, FfnMode, FfnOffload, Session};
+use hotcold_core::engine::{default_ffn_mode, thread_pool, FfnMode, FfnOffload, Session};
+use hotcold_core::gpu::forward::GpuModel;
 use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
 use hotcold_core::sample::SamplerConfig;
@@ -135,6 +136,8 @@ pub struct Loaded {
     pub ffn: Option<FfnMode>,
     /// Where the FFN runs (`--device`, `--vram-budget`).
     pub offload: Arc<dyn FfnOffload>,
+    /// The whole model on the GPU (`--device gpu` without a smaller `--vram-budget`).
+    pub gpu_model: Option<Arc<GpuModel>>,
 }
 
 impl Loaded {
@@ -144,6 +147,9 @@ impl Loaded {
         session.set_ffn_offload(self.offload.clone());
         if let Some(mode) = self.ffn {
             session.set_ffn_mode(mode)?;
+        }
+        if let Some(gpu) = &self.gpu_model {
+            session.set_gpu_model(gpu.clone())?;
         }
         Ok(session)
     }
@@ -171,8 +177,18 @@ pub fn density_summary(session: &Session) -> String {
 }
 
 impl ModelArgs {
-    /// Loads the model (or `default`) with these flags.
+    /// Loads the model (or `default`) with these flags, for one sequence at a time (the whole
+    /// model may go to the GPU).
     pub fn load(&self, default: DefaultModel) -> anyhow::Result<Loaded> {
+        self.load_with(default, true)
+    }
+
+    /// Loads the model for batched decoding (a GPU takes only the FFN).
+    pub fn load_for_batches(&self, default: DefaultModel) -> anyhow::Result<Loaded> {
+        self.load_with(default, false)
+    }
+
+    fn load_with(&self, default: DefaultModel, resident: bool) -> anyhow::Result<Loaded> {
         let start = Instant::now();
         let path = model_arg::resolve(self.model.clone(), default)?;
         let mut model =
@@ -192,7 +208,10 @@ impl ModelArgs {
         let pool = thread_pool(threads)?;
         let n_ctx = self.ctx_size.unwrap_or(model.hp.n_ctx_train.min(4096));
         anyhow::ensure!(n_ctx > 0, "-c must be at least 1");
-        let (offload, note) = self.device.offload(&model)?;
+        let ffn = self.ffn.map(FfnMode::from);
+        let mode = ffn.unwrap_or_else(|| default_ffn_mode(&model));
+        let placement = self.device.place(&model, mode, resident)?;
+        let note = &placement.note;
         if self.device.device != super::device::DeviceArg::Auto || note != "device: cpu" {
             eprintln!("{note}");
         }
@@ -202,8 +221,9 @@ impl ModelArgs {
             pool,
             n_ctx,
             load_secs: start.elapsed().as_secs_f64(),
-            ffn: self.ffn.map(FfnMode::from),
-            offload,
+            ffn,
+            offload: placement.offload,
+            gpu_model: placement.gpu_model,
         })
     }
 }

@@ -1,9 +1,12 @@
-//! `--device` and `--vram-budget`: where the FFN runs, and how much of it goes to the GPU.
+//! `--device` and `--vram-budget`: where the forward pass runs. On a GPU without a budget (or with
+//! one that holds every weight) the whole pass is resident there; with a smaller budget the FFN's
+//! hot neurons (or whole dense layers) go to the GPU and the rest runs on the CPU.
 
 use std::sync::Arc;
 
 use anyhow::Context;
-use hotcold_core::engine::{ffn_bytes, CpuFfn, FfnOffload, GpuFfn};
+use hotcold_core::engine::{ffn_bytes, CpuFfn, FfnMode, FfnOffload, GpuFfn};
+use hotcold_core::gpu::forward::{check_supported, resident_bytes, GpuModel};
 use hotcold_core::gpu::{AdapterChoice, GpuContext};
 use hotcold_core::model::Model;
 
@@ -21,11 +24,12 @@ pub enum DeviceArg {
 /// `--device`, `--vram-budget`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// Where the FFN's hot neurons run.
+    /// Where the model runs (`gpu`: all of it without --vram-budget, else the FFN's hot part).
     #[arg(long = "device", value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
     /// FFN weights to place on the GPU: a size (`512MiB`, `8GiB`, `300MB`, bytes) or a share of
-    /// the model's FFN (`50%`). Default: all that fits.
+    /// the model's FFN (`50%`). Default: the whole model, resident on the GPU (a size that holds
+    /// every weight does the same).
     #[arg(long = "vram-budget", value_parser = parse_budget)]
     pub vram_budget: Option<Budget>,
 }
@@ -66,9 +70,20 @@ pub fn parse_budget(s: &str) -> Result<Budget, String> {
     super::size_arg::parse_size(t).map(Budget::Bytes)
 }
 
+/// Where a model runs: the FFN offload of the CPU pass, or the whole model on the GPU.
+pub struct Placement {
+    /// Where the CPU pass's FFN products run (used when `gpu_model` is `None`, and by batches).
+    pub offload: Arc<dyn FfnOffload>,
+    /// The model resident on the GPU, when the whole forward pass runs there.
+    pub gpu_model: Option<Arc<GpuModel>>,
+    /// A line describing the placement, for stderr.
+    pub note: String,
+}
+
 impl DeviceArgs {
-    /// The FFN offload these flags ask for on `model`, and a line describing it for stderr.
-    pub fn offload(&self, model: &Model) -> anyhow::Result<(Arc<dyn FfnOffload>, String)> {
+    /// Where these flags put `model` in FFN mode `mode`. With `resident` false (batched decoding,
+    /// which the resident pass does not run) a GPU only ever takes the FFN.
+    pub fn place(&self, model: &Model, mode: FfnMode, resident: bool) -> anyhow::Result<Placement> {
         let ctx = match self.device {
             DeviceArg::Cpu => None,
             DeviceArg::Gpu => Some(GpuContext::new(AdapterChoice::Any).context("--device gpu")?),
@@ -83,25 +98,57 @@ impl DeviceArgs {
                 Some(_) => "device: cpu (no hardware GPU found; --vram-budget unused)",
                 None => "device: cpu",
             };
-            return Ok((Arc::new(CpuFfn), note.into()));
+            return Ok(Placement {
+                offload: Arc::new(CpuFfn),
+                gpu_model: None,
+                note: note.into(),
+            });
         };
+        let software = if ctx.is_software() {
+            " [software: timings mean nothing]"
+        } else {
+            ""
+        };
+        let whole = match self.vram_budget {
+            None => true,
+            Some(Budget::Bytes(b)) => b >= resident_bytes(model),
+            Some(Budget::Share(_)) => false,
+        };
+        let mut fallback = String::new();
+        if resident && whole {
+            match check_supported(model, mode) {
+                Ok(()) => {
+                    let gpu = GpuModel::upload(ctx.clone(), model, mode)?;
+                    let note = format!(
+                        "device: {}{software}: the whole model on the GPU ({:.1} MiB of weights, one read-back per step)",
+                        ctx.describe(),
+                        gpu.bytes() as f64 / (1 << 20) as f64,
+                    );
+                    return Ok(Placement {
+                        offload: Arc::new(CpuFfn),
+                        gpu_model: Some(Arc::new(gpu)),
+                        note,
+                    });
+                }
+                Err(e) => fallback = format!("{e}; hybrid instead. "),
+            }
+        }
         let budget = self.vram_budget.map_or(u64::MAX, |b| b.bytes(model));
         let gpu = GpuFfn::with_budget(ctx.clone(), model, budget)?;
         let total = ffn_bytes(model);
         let hot: usize = gpu.hot_counts().iter().sum();
         let note = format!(
-            "device: {}{}: {:.1} MiB of FFN weights on the GPU ({:.1}% of the FFN, {hot} of {} neurons)",
+            "{fallback}device: {}{software}: {:.1} MiB of FFN weights on the GPU ({:.1}% of the FFN, {hot} of {} neurons)",
             ctx.describe(),
-            if ctx.is_software() {
-                " [software: timings mean nothing]"
-            } else {
-                ""
-            },
             gpu.bytes() as f64 / (1 << 20) as f64,
             100.0 * gpu.bytes() as f64 / total.max(1) as f64,
             model.hp.n_layer * model.hp.n_ff,
         );
-        Ok((Arc::new(gpu), note))
+        Ok(Placement {
+            offload: Arc::new(gpu),
+            gpu_model: None,
+            note,
+        })
     }
 }
 

@@ -40,7 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
             .unwrap_or_else(|| "model".into())
     });
-    let loaded = args.model.load(default)?;
+    let loaded = args.model.load_for_batches(default)?;
     crate::serve::serve(
         loaded,
         crate::serve::ServeConfig {

@@ -16,6 +16,6 @@ mod readback;
 mod session;
 mod step;
 
-pub use model::{check_supported, GpuModel};
+pub use model::{check_supported, resident_bytes, GpuModel};
 pub use readback::PendingLogits;
 pub use session::{GpuSession, MAX_TOKENS_PER_SUBMIT};

@@ -107,13 +107,7 @@ pub fn check_supported(model: &Model, mode: FfnMode) -> Result<()> {
         if l.gate.is_none() || l.up_b.is_some() || l.down_b.is_some() || l.attn_norm_2.is_some() {
             return Err(unsupported("FFNs without gate or with biases"));
         }
-        let mut weights: Vec<&Weight> = vec![&l.wq, &l.wk, &l.wv, &l.wo, &l.up];
-        weights.extend(l.gate.as_ref());
-        weights.extend(l.down.as_ref());
-        if let Some(p) = &l.predictor {
-            weights.extend([&p.fc1, &p.fc2]);
-        }
-        for w in weights {
+        for w in block_matrices(l) {
             Kind::of(w.ty)
                 .map_err(|_| unsupported(&format!("{} weights (layer {il})", w.ty.name())))?;
         }
@@ -130,6 +124,35 @@ pub fn check_supported(model: &Model, mode: FfnMode) -> Result<()> {
     }
     Kind::of(model.output.ty).map_err(|_| unsupported("this LM head type"))?;
     Ok(())
+}
+
+/// The matrices of layer `l` the resident pass uploads: attention, gate, up, the down projection
+/// it uses (the neuron-major copy when the axpy reads its type, else the row-major one), and the
+/// predictor.
+fn block_matrices(l: &LayerWeights) -> Vec<&Weight> {
+    let mut w = vec![&l.wq, &l.wk, &l.wv, &l.wo, &l.up];
+    w.extend(l.gate.as_ref());
+    w.extend(match (&l.down_t, &l.down) {
+        (Some(t), _) if AXPY_TYPES.contains(&t.ty) => Some(t),
+        (_, d) => d.as_ref(),
+    });
+    if let Some(p) = &l.predictor {
+        w.extend([&p.fc1, &p.fc2]);
+    }
+    w
+}
+
+/// Bytes of weight matrices [`GpuModel::upload`] puts on the GPU for `model` (norms and biases
+/// aside): what a `--vram-budget` must hold for the resident pass.
+pub fn resident_bytes(model: &Model) -> u64 {
+    let bytes = |w: &Weight| (w.rows * (w.cols / w.ty.block_size() * w.ty.block_bytes())) as u64;
+    let blocks: u64 = model
+        .layers
+        .iter()
+        .flat_map(block_matrices)
+        .map(bytes)
+        .sum();
+    blocks + bytes(&model.output)
 }
 
 /// A vector of f32 on the GPU.
@@ -195,18 +218,12 @@ impl GpuModel {
         let hp = model.hp.clone();
         let all: Vec<u32> = (0..hp.n_ff as u32).collect();
         let all_buf = ctx.storage("neurons", bytemuck::cast_slice(&all));
-        let mut max_cols = hp.n_embd.max(hp.n_ff).max(hp.n_head * hp.head_dim_v);
-        let mut bytes = output.bytes();
-        for b in &blocks {
-            let (Down::Rows(d) | Down::Neurons(d)) = &b.down;
-            for w in [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, d] {
-                bytes += w.bytes();
-            }
-            if let Some((fc1, fc2)) = &b.predictor {
-                bytes += fc1.bytes() + fc2.bytes();
-                max_cols = max_cols.max(fc2.cols);
-            }
-        }
+        let predictor_width = blocks.iter().filter_map(|b| b.predictor.as_ref());
+        let max_cols = predictor_width.map(|(_, fc2)| fc2.cols).fold(
+            hp.n_embd.max(hp.n_ff).max(hp.n_head * hp.head_dim_v),
+            usize::max,
+        );
+        let bytes = resident_bytes(model);
         let output_norm = vector(&ctx, &model.output_norm.weight);
         Ok(GpuModel {
             ctx,
@@ -220,7 +237,7 @@ impl GpuModel {
         })
     }
 
-    /// Bytes of weights on the GPU.
+    /// Bytes of weight matrices on the GPU ([`resident_bytes`]).
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
