@@ -162,6 +162,12 @@ impl Loaded {
 
 /// A one-line summary of the FFN density of a session (for the timings on stderr).
 pub fn density_summary(session: &Session) -> String {
+    if session.on_gpu() {
+        return format!(
+            "ffn {:?}: density not counted on the GPU-resident path",
+            session.ffn_mode()
+        );
+    }
     let density = session.ffn_density();
     let per_layer: Vec<String> = density
         .per_layer()
