@@ -2,13 +2,13 @@
 //! on hotcold-core's GPU-resident forward pass, driven through its async API as the page drives
 //! it (here a tiny executor polls the device where a browser's event loop would), must give the
 //! CPU runner's greedy text on the tiny synthetic model, in sparse and dense FFN modes; the
-//! synchronous calls must refuse the GPU path with an error.
+//! synchronous calls must refuse the GPU path with an error, and stop must end it between tokens.
 
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use hotcold_core::engine::FfnMode;
+use hotcold_core::engine::{FfnMode, StopReason};
 use hotcold_core::gpu::{AdapterChoice, GpuContext};
 use hotcold_core::synth::{build, SynthConfig};
 use hotcold_web::{Runner, StartOptions};
@@ -91,6 +91,11 @@ fn the_sync_calls_refuse_the_gpu_path() {
     assert!(err.to_string().contains("next_token_async"), "{err}");
     // The generation is intact: the async call goes on with it.
     assert!(block_on(&ctx, runner.next_token_async()).unwrap().is_some());
+    // Stop ends it between tokens, as on the CPU.
+    runner.stop();
+    assert_eq!(block_on(&ctx, runner.next_token_async()).unwrap(), None);
+    assert_eq!(runner.stop_reason(), Some(StopReason::Callback));
+    assert_eq!(runner.generated().len(), 1);
     // A prompt longer than the context is an error on the GPU too.
     let long = "word ".repeat(300);
     assert!(block_on(&ctx, runner.start_async(&long, &greedy(4, None))).is_err());
