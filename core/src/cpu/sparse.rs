@@ -128,54 +128,96 @@ fn gather_rows(
     y: &mut [f32],
 ) {
     let n = idx.len();
-    let rb = w.row_bytes();
-    let chunk = gather_chunk(n, rb, n_tokens);
+    let chunk = gather_chunk(n, w.row_bytes(), n_tokens);
     let n_chunks = n.div_ceil(chunk);
-    let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
     let out = OutPtr(y.as_mut_ptr());
-
-    let task = move |c: usize| {
-        let out = out;
+    for_each_chunk(n_chunks, move |c| {
         let k0 = c * chunk;
-        let k1 = (k0 + chunk).min(n);
-        let mut tile = [0f32; MR * NT];
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let nt = (n_tokens - t0).min(NT);
-            let mut k = k0;
-            let mut pf = k0;
-            while k < k1 {
-                let nr = run_len(idx, k, k1, MR);
-                if t0 == 0 {
-                    // prefetch the rows `ahead` indices in front of the ones being read
-                    while pf < k1 && pf < k + nr + ahead {
-                        prefetch_row(w, idx[pf], rb);
-                        pf += 1;
-                    }
+        // SAFETY: y holds n_tokens × n values, and indices k0..k0+chunk belong to this task alone.
+        unsafe { gather_rows_range(kernel, w, idx, k0, (k0 + chunk).min(n), acts, n_tokens, out) }
+    });
+}
+
+/// [`gather_rows`] on the calling thread alone.
+pub(super) fn gather_rows_serial(
+    kernel: Kernel,
+    w: &Matrix,
+    idx: &[u32],
+    acts: &Acts,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(y.len(), n_tokens * idx.len(), "gathered output size");
+    // SAFETY: y holds n_tokens × idx.len() values and is borrowed mutably here.
+    unsafe {
+        gather_rows_range(
+            kernel,
+            w,
+            idx,
+            0,
+            idx.len(),
+            acts,
+            n_tokens,
+            OutPtr(y.as_mut_ptr()),
+        )
+    }
+}
+
+/// The outputs of the gathered rows `idx[k0..k1]` for every token: `out[t * idx.len() + k]`.
+///
+/// # Safety
+/// `out` must point to `n_tokens × idx.len()` values, of which the caller lets this call alone
+/// write the entries of `k0..k1`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gather_rows_range(
+    kernel: Kernel,
+    w: &Matrix,
+    idx: &[u32],
+    k0: usize,
+    k1: usize,
+    acts: &Acts,
+    n_tokens: usize,
+    out: OutPtr,
+) {
+    let n = idx.len();
+    let rb = w.row_bytes();
+    let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
+    let mut tile = [0f32; MR * NT];
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = (n_tokens - t0).min(NT);
+        let mut k = k0;
+        let mut pf = k0;
+        while k < k1 {
+            let nr = run_len(idx, k, k1, MR);
+            if t0 == 0 {
+                // prefetch the rows `ahead` indices in front of the ones being read
+                while pf < k1 && pf < k + nr + ahead {
+                    prefetch_row(w, idx[pf], rb);
+                    pf += 1;
                 }
-                let r = idx[k] as usize;
-                kernel(
-                    &w.data[r * rb..(r + nr) * rb],
-                    rb,
-                    nr,
-                    acts,
-                    t0,
-                    nt,
-                    &mut tile,
-                );
-                for i in 0..nr {
-                    for t in 0..nt {
-                        // SAFETY: t0 + t < n_tokens and k + i < n, so the index is inside y
-                        // (length n_tokens * n); indices k0..k1 belong to this task alone.
-                        unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
-                    }
-                }
-                k += nr;
             }
-            t0 += nt;
+            let r = idx[k] as usize;
+            kernel(
+                &w.data[r * rb..(r + nr) * rb],
+                rb,
+                nr,
+                acts,
+                t0,
+                nt,
+                &mut tile,
+            );
+            for i in 0..nr {
+                for t in 0..nt {
+                    // SAFETY: t0 + t < n_tokens and k + i < k1 <= n, so the index is inside
+                    // out's n_tokens * n values, in the range k0..k1 the caller gave this call.
+                    unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
+                }
+            }
+            k += nr;
         }
-    };
-    for_each_chunk(n_chunks, task);
+        t0 += nt;
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -103,6 +103,8 @@ pub(super) fn feed_forward(
     let layer = &model.layers[il];
     let act = model.hp.ffn_act;
     let n_ff = model.hp.n_ff;
+    // whether `a` is already rounded for the down projection (the fused path rounds it)
+    let mut rounded = false;
     let (mut a, gate) = match mode {
         FfnMode::Dense => {
             let (decider, up) = match &layer.gate {
@@ -146,14 +148,23 @@ pub(super) fn feed_forward(
                 message: "the file has no predictor for this layer (use --ffn oracle or dense)"
                     .into(),
             })?;
-            let logits = predict(model, predictor, x, n)?;
-            let threshold = model.hp.sparse_thresholds[il];
-            let chosen: Vec<Vec<u32>> = logits
-                .chunks_exact(n_ff)
-                .map(|p| select(p, |v| v >= threshold))
-                .collect();
-            let a = sparse_activations(model, offload, h, n, &chosen, None, il, density)?;
-            (a, None)
+            match fused_sparse(model, offload, predictor, il, x, h, n, &observer)? {
+                Some((a, chosen)) => {
+                    density.record(il, chosen, n);
+                    rounded = true;
+                    (a, None)
+                }
+                None => {
+                    let logits = predict(model, predictor, x, n)?;
+                    let threshold = model.hp.sparse_thresholds[il];
+                    let chosen: Vec<Vec<u32>> = logits
+                        .chunks_exact(n_ff)
+                        .map(|p| select(p, |v| v >= threshold))
+                        .collect();
+                    let a = sparse_activations(model, offload, h, n, &chosen, None, il, density)?;
+                    (a, None)
+                }
+            }
         }
     };
     if let Some(observe) = observer {
@@ -164,12 +175,49 @@ pub(super) fn feed_forward(
             activations: &a,
         });
     }
-    let mut out = down_projection(model, offload, il, &mut a, n)?;
+    let mut out = down_projection(model, offload, il, &mut a, n, rounded)?;
     if let Some(b) = &layer.down_b {
         out.chunks_exact_mut(b.len())
             .for_each(|row| cpu::ops::add_assign(row, b));
     }
     Ok(out)
+}
+
+/// One token's predicted FFN activations in one parallel region ([`cpu::sparse_ffn`]), already
+/// rounded for the down projection, and the number of chosen neurons; `None` where that path does
+/// not apply (a batch, products off the CPU, an FFN without gate or with an up bias, no
+/// neuron-major down, an observer that wants the unrounded activations).
+#[allow(clippy::too_many_arguments)]
+fn fused_sparse(
+    model: &Model,
+    offload: &dyn FfnOffload,
+    predictor: &Predictor,
+    il: usize,
+    x: &[f32],
+    h: &[f32],
+    n: usize,
+    observer: &Option<&mut FfnObserver>,
+) -> Result<Option<(Vec<f32>, usize)>> {
+    let layer = &model.layers[il];
+    let (Some(gate), Some(down_t)) = (&layer.gate, &layer.down_t) else {
+        return Ok(None);
+    };
+    if n != 1 || !offload.all_on_cpu() || layer.up_b.is_some() || observer.is_some() {
+        return Ok(None);
+    }
+    let weights = cpu::sparse_ffn::PredictedFfn {
+        fc1: model.matrix(&predictor.fc1),
+        fc2: model.matrix(&predictor.fc2),
+        gate: model.matrix(gate),
+        up: model.matrix(&layer.up),
+        threshold: model.hp.sparse_thresholds[il],
+        down_ty: down_t.ty,
+    };
+    let act = model.hp.ffn_act;
+    let mut a = vec![0f32; model.hp.n_ff];
+    let chosen =
+        cpu::sparse_ffn::predicted_activations(&weights, |g, u| act.combine(g, u), x, h, &mut a)?;
+    Ok(Some((a, chosen)))
 }
 
 /// The pre-activations that decide which neurons fire, for every neuron: the gate's, or in an FFN
@@ -293,17 +341,20 @@ fn add_up_bias(layer: &LayerWeights, sets: &[Vec<u32>], y: &mut [f32]) {
 /// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
 /// (skipping zero activations), else the dense matmul. The axpy's coefficients are first rounded as
 /// ggml rounds a product's input for the down weights' type (Q8_0 for Q4_0, f16 for F16), as
-/// ggml's dense product and PowerInfer's sparse kernels both do.
+/// ggml's dense product and PowerInfer's sparse kernels both do (unless `rounded` says they are).
 fn down_projection(
     model: &Model,
     offload: &dyn FfnOffload,
     il: usize,
     a: &mut [f32],
     n: usize,
+    rounded: bool,
 ) -> Result<Vec<f32>> {
     match &model.layers[il].down_t {
         Some(down_t) => {
-            cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
+            if !rounded {
+                cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
+            }
             offload.down_axpy(model, il, a, n)
         }
         None => offload.matmul(model, il, FfnTensor::Down, a, n),

@@ -105,6 +105,12 @@ pub trait FfnOffload: Send + Sync {
     /// The down projection over the neuron-major `ffn_down_t` with coefficients `a`
     /// (`n × n_ff`, already rounded as `cpu::matmul` rounds its input), `n × n_embd`.
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>>;
+
+    /// Whether every product runs on the CPU as `cpu` computes it, so that the forward pass may
+    /// call the fused CPU operators ([`crate::cpu::sparse_ffn`]) instead. By default: no.
+    fn all_on_cpu(&self) -> bool {
+        false
+    }
 }
 
 /// The sorted union of the per-token sorted index sets.
@@ -227,6 +233,10 @@ impl FfnOffload for CpuFfn {
         let mut out = vec![0f32; n * model.hp.n_embd];
         cpu::sparse_axpy(&down_t(model, il)?, a, n, &mut out)?;
         Ok(out)
+    }
+
+    fn all_on_cpu(&self) -> bool {
+        true
     }
 }
 
