@@ -100,7 +100,6 @@ pub fn predicted_activations(
     let spans = n_ff.div_ceil(SPAN);
     let tasks = rayon::current_num_threads().clamp(1, spans);
     let task = |k: usize| {
-        let out = out;
         let mut s = SCRATCH.with(|c| c.take()).unwrap_or_default();
         hidden(f, level, &inputs[0], &mut s);
         let n = task_activations(f, level, &inputs, &combine, kinds, k, tasks, out, &mut s);

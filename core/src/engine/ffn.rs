@@ -67,6 +67,49 @@ impl FfnDensity {
         let d = self.per_layer();
         d.iter().sum::<f64>() / d.len().max(1) as f64
     }
+
+    /// Bytes of weights one decoded token reads on average with the FFN in `mode` at these
+    /// densities: every layer's attention matrices and the LM head; for the FFN, every matrix in
+    /// `Dense`, the predictor and each computed neuron's gate and up rows and down column in
+    /// `Sparse`, the whole decider (gate, or up without gate) and the computed neurons' other rows
+    /// in `Oracle` and `Cats`. The token embedding row is negligible and not counted.
+    pub fn weight_bytes_per_token(&self, model: &Model, mode: FfnMode) -> u64 {
+        let density = self.per_layer();
+        let ffn: f64 = model
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| {
+                let all = [l.gate.as_ref(), Some(&l.up), Some(l.down_weight())];
+                let chosen = density.get(il).copied().unwrap_or(1.0) * model.hp.n_ff as f64;
+                let neuron = super::offload::neuron_bytes(model, il) as f64;
+                match mode {
+                    FfnMode::Dense => {
+                        all.into_iter().flatten().map(Weight::n_bytes).sum::<u64>() as f64
+                    }
+                    FfnMode::Sparse => {
+                        let predictor = l
+                            .predictor
+                            .as_ref()
+                            .map_or(0, |p| p.fc1.n_bytes() + p.fc2.n_bytes());
+                        predictor as f64 + chosen * neuron
+                    }
+                    FfnMode::Oracle | FfnMode::Cats => {
+                        let decider = l.decider();
+                        let row = decider.n_bytes() as f64 / decider.rows.max(1) as f64;
+                        decider.n_bytes() as f64 + chosen * (neuron - row)
+                    }
+                }
+            })
+            .sum();
+        let attention: u64 = model
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
+            .map(Weight::n_bytes)
+            .sum();
+        attention + model.output.n_bytes() + ffn.round() as u64
+    }
 }
 
 /// What an [`FfnObserver`] sees of one layer and batch.
@@ -374,6 +417,45 @@ mod tests {
     #[test]
     fn select_keeps_passing_entries() {
         assert_eq!(select(&[0.5, -1.0, 0.0, 2.0], |v| v > 0.0), vec![0, 3]);
+    }
+
+    #[test]
+    fn bytes_read_count_only_the_computed_neurons() {
+        use std::sync::Arc;
+        let cfg = crate::synth::SynthConfig::preset("tiny").unwrap();
+        let (writer, _) = crate::synth::build(&cfg).unwrap();
+        let file = crate::gguf::GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap();
+        let model = Model::from_file(Arc::new(file)).unwrap();
+        let (n_layer, n_ff) = (model.hp.n_layer, model.hp.n_ff);
+        let mut d = FfnDensity::new(n_layer, n_ff);
+        for il in 0..n_layer {
+            d.record(il, n_ff / 4, 1);
+        }
+        let fixed: u64 = model
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
+            .map(Weight::n_bytes)
+            .sum::<u64>()
+            + model.output.n_bytes();
+        let mut sparse = fixed;
+        let mut oracle = fixed;
+        for (il, l) in model.layers.iter().enumerate() {
+            let p = l.predictor.as_ref().unwrap();
+            let neuron = crate::engine::neuron_bytes(&model, il);
+            let gate = l.gate.as_ref().unwrap();
+            let gate_row = gate.n_bytes() / n_ff as u64;
+            sparse += p.fc1.n_bytes() + p.fc2.n_bytes() + neuron * (n_ff / 4) as u64;
+            oracle += gate.n_bytes() + (neuron - gate_row) * (n_ff / 4) as u64;
+        }
+        assert_eq!(d.weight_bytes_per_token(&model, FfnMode::Sparse), sparse);
+        assert_eq!(d.weight_bytes_per_token(&model, FfnMode::Oracle), oracle);
+        // dense reads every weight matrix, whatever the density says
+        assert_eq!(
+            d.weight_bytes_per_token(&model, FfnMode::Dense),
+            model.bytes_per_token()
+        );
+        assert!(sparse < model.bytes_per_token());
     }
 
     #[test]
