@@ -25,11 +25,14 @@ pub enum FfnMode {
     Cats,
 }
 
-/// Neurons computed per layer, summed over the tokens seen.
+/// Neurons computed per layer, summed over the tokens seen, and the neurons whose weights a forward
+/// step read (the union of its tokens' sets, each read once for the batch), summed over the steps.
 #[derive(Clone, Debug, Default)]
 pub struct FfnDensity {
     computed: Vec<u64>,
     tokens: Vec<u64>,
+    read: Vec<u64>,
+    steps: Vec<u64>,
     n_ff: usize,
 }
 
@@ -38,34 +41,42 @@ impl FfnDensity {
         FfnDensity {
             computed: vec![0; n_layer],
             tokens: vec![0; n_layer],
+            read: vec![0; n_layer],
+            steps: vec![0; n_layer],
             n_ff,
         }
     }
 
-    fn record(&mut self, il: usize, computed: usize, tokens: usize) {
+    /// One step of layer `il`: `computed` (token, neuron) pairs over `tokens` tokens, whose union
+    /// holds `union` neurons.
+    fn record(&mut self, il: usize, computed: usize, union: usize, tokens: usize) {
         self.computed[il] += computed as u64;
         self.tokens[il] += tokens as u64;
+        self.read[il] += union as u64;
+        self.steps[il] += 1;
+    }
+
+    /// Fraction of the FFN neurons whose weights a forward step reads (the union of its tokens'
+    /// sets), per layer, averaged over the steps. With one token per step it equals
+    /// [`FfnDensity::per_layer`]; for a batch it bounds how much batching saves: a step of `n`
+    /// tokens reads `union / density` neurons' weights where `n` lone steps read `n`.
+    pub fn union_per_layer(&self) -> Vec<f64> {
+        ratio(&self.read, &self.steps, self.n_ff)
+    }
+
+    /// Mean over the layers of [`FfnDensity::union_per_layer`].
+    pub fn union_mean(&self) -> f64 {
+        mean(&self.union_per_layer())
     }
 
     /// Fraction of the FFN neurons computed per token, per layer (1 for dense).
     pub fn per_layer(&self) -> Vec<f64> {
-        self.computed
-            .iter()
-            .zip(&self.tokens)
-            .map(|(&c, &t)| {
-                if t == 0 {
-                    0.0
-                } else {
-                    c as f64 / (t as f64 * self.n_ff as f64)
-                }
-            })
-            .collect()
+        ratio(&self.computed, &self.tokens, self.n_ff)
     }
 
     /// Mean over the layers of [`FfnDensity::per_layer`].
     pub fn mean(&self) -> f64 {
-        let d = self.per_layer();
-        d.iter().sum::<f64>() / d.len().max(1) as f64
+        mean(&self.per_layer())
     }
 
     /// Bytes of weights one decoded token reads on average with the FFN in `mode` at these
@@ -110,6 +121,36 @@ impl FfnDensity {
             .sum();
         attention + model.output.n_bytes() + ffn.round() as u64
     }
+}
+
+/// `num[l] / (den[l] · n_ff)` per layer (0 where `den[l]` is 0).
+fn ratio(num: &[u64], den: &[u64], n_ff: usize) -> Vec<f64> {
+    num.iter()
+        .zip(den)
+        .map(|(&c, &t)| {
+            if t == 0 {
+                0.0
+            } else {
+                c as f64 / (t as f64 * n_ff as f64)
+            }
+        })
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Neurons in the union of `sets` (each below `n_ff`).
+fn union_len(sets: &[Vec<u32>], n_ff: usize) -> usize {
+    if let [only] = sets {
+        return only.len();
+    }
+    let mut bits = vec![0u64; n_ff.div_ceil(64)];
+    for &i in sets.iter().flatten() {
+        bits[i as usize / 64] |= 1 << (i % 64);
+    }
+    bits.iter().map(|b| b.count_ones() as usize).sum()
 }
 
 /// What an [`FfnObserver`] sees of one layer and batch.
@@ -168,7 +209,7 @@ pub(super) fn feed_forward(
                     .collect(),
                 None => decider.iter().map(|&u| act.gate(u)).collect(),
             };
-            density.record(il, n * n_ff, n);
+            density.record(il, n * n_ff, n_ff, n);
             (a, Some(decider))
         }
         FfnMode::Oracle | FfnMode::Cats => {
@@ -193,7 +234,7 @@ pub(super) fn feed_forward(
             })?;
             match fused_sparse(model, offload, predictor, il, x, h, n, &observer)? {
                 Some((a, chosen)) => {
-                    density.record(il, chosen, n);
+                    density.record(il, chosen, chosen, n);
                     rounded = true;
                     (a, None)
                 }
@@ -367,7 +408,12 @@ fn sparse_activations(
         }
         off += set.len();
     }
-    density.record(il, chosen.iter().map(Vec::len).sum(), n);
+    density.record(
+        il,
+        chosen.iter().map(Vec::len).sum(),
+        union_len(chosen, n_ff),
+        n,
+    );
     Ok(a)
 }
 
@@ -429,7 +475,7 @@ mod tests {
         let (n_layer, n_ff) = (model.hp.n_layer, model.hp.n_ff);
         let mut d = FfnDensity::new(n_layer, n_ff);
         for il in 0..n_layer {
-            d.record(il, n_ff / 4, 1);
+            d.record(il, n_ff / 4, n_ff / 4, 1);
         }
         let fixed: u64 = model
             .layers
@@ -461,10 +507,23 @@ mod tests {
     #[test]
     fn density_averages_over_tokens_and_layers() {
         let mut d = FfnDensity::new(2, 10);
-        d.record(0, 3, 1);
-        d.record(0, 1, 1);
-        d.record(1, 10, 1);
+        d.record(0, 3, 3, 1);
+        d.record(0, 1, 1, 1);
+        d.record(1, 10, 10, 1);
         assert_eq!(d.per_layer(), vec![0.2, 1.0]);
         assert!((d.mean() - 0.6).abs() < 1e-12);
+        assert_eq!(d.union_per_layer(), d.per_layer());
+        // a step of two tokens choosing 3 and 4 neurons of which 2 are shared reads 5
+        d.record(1, 7, 5, 2);
+        assert_eq!(d.per_layer(), vec![0.2, 17.0 / 30.0]);
+        assert_eq!(d.union_per_layer(), vec![0.2, 15.0 / 20.0]);
+    }
+
+    #[test]
+    fn union_counts_each_neuron_once() {
+        assert_eq!(union_len(&[vec![1, 5], vec![0, 5, 7]], 8), 4);
+        assert_eq!(union_len(&[vec![2, 3, 4]], 8), 3);
+        assert_eq!(union_len(&[vec![], vec![]], 8), 0);
+        assert_eq!(union_len(&[vec![0, 64, 129], vec![129, 1]], 130), 4);
     }
 }
