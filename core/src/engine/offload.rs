@@ -224,9 +224,12 @@ impl FfnOffload for CpuFfn {
         sets: &[Vec<u32>],
         x: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let gate = self.gather_sets(model, il, FfnTensor::Gate, sets, x)?;
-        let up = self.gather_sets(model, il, FfnTensor::Up, sets, x)?;
-        Ok((gate, up))
+        let gate = model.matrix(ffn_weight(model, il, FfnTensor::Gate)?);
+        let up = model.matrix(ffn_weight(model, il, FfnTensor::Up)?);
+        let pairs = sets.iter().map(Vec::len).sum();
+        let (mut g, mut u) = (vec![0f32; pairs], vec![0f32; pairs]);
+        cpu::sparse::gather_matmul_sets_multi(&[gate, up], sets, x, &mut [&mut g, &mut u])?;
+        Ok((g, u))
     }
 
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
