@@ -20,6 +20,7 @@
 
 pub mod ops;
 pub mod sparse;
+pub mod sparse_ffn;
 
 mod act;
 #[cfg(target_arch = "x86_64")]
@@ -235,18 +236,38 @@ pub fn round_like_matmul_input(
             x.len()
         )));
     }
-    let block = match kind {
-        ActKind::F32 => return Ok(()),
-        ActKind::F16 | ActKind::Bf16 => 1,
-        ActKind::Q8_0 | ActKind::Q8_1 => 32,
-        ActKind::Q8K => 256,
+    let Some(block) = rounding_block(kind) else {
+        return Ok(());
     };
     if !cols.is_multiple_of(block) {
         return Err(Error::InvalidArgument(format!(
             "{cols} values are not a whole number of {block}-value blocks"
         )));
     }
-    let mut acts = Acts::default();
+    round_with(&mut Acts::default(), kind, block, x, n_tokens, cols);
+    Ok(())
+}
+
+/// The values per rounding group of the activation kind `kind` (`None`: f32, not rounded).
+fn rounding_block(kind: ActKind) -> Option<usize> {
+    match kind {
+        ActKind::F32 => None,
+        ActKind::F16 | ActKind::Bf16 => Some(1),
+        ActKind::Q8_0 | ActKind::Q8_1 => Some(32),
+        ActKind::Q8K => Some(256),
+    }
+}
+
+/// [`round_like_matmul_input`] after its checks (`kind` the activation kind, `block` its block
+/// size), with `acts` as scratch.
+fn round_with(
+    acts: &mut Acts,
+    kind: ActKind,
+    block: usize,
+    x: &mut [f32],
+    n_tokens: usize,
+    cols: usize,
+) {
     acts.quantize(Level::current(), kind, 0, x, n_tokens, cols);
     for (t, row) in x.chunks_exact_mut(cols).enumerate() {
         if block == 1 {
@@ -258,7 +279,6 @@ pub fn round_like_matmul_input(
             *v = d[i / block] * f32::from(q[i]);
         }
     }
-    Ok(())
 }
 
 /// The activations exactly as [`matmul`] quantises them for weights of type `ty` (for the GPU

@@ -128,54 +128,96 @@ fn gather_rows(
     y: &mut [f32],
 ) {
     let n = idx.len();
-    let rb = w.row_bytes();
-    let chunk = gather_chunk(n, rb, n_tokens);
+    let chunk = gather_chunk(n, w.row_bytes(), n_tokens);
     let n_chunks = n.div_ceil(chunk);
-    let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
     let out = OutPtr(y.as_mut_ptr());
-
-    let task = move |c: usize| {
-        let out = out;
+    for_each_chunk(n_chunks, move |c| {
         let k0 = c * chunk;
-        let k1 = (k0 + chunk).min(n);
-        let mut tile = [0f32; MR * NT];
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let nt = (n_tokens - t0).min(NT);
-            let mut k = k0;
-            let mut pf = k0;
-            while k < k1 {
-                let nr = run_len(idx, k, k1, MR);
-                if t0 == 0 {
-                    // prefetch the rows `ahead` indices in front of the ones being read
-                    while pf < k1 && pf < k + nr + ahead {
-                        prefetch_row(w, idx[pf], rb);
-                        pf += 1;
-                    }
+        // SAFETY: y holds n_tokens × n values, and indices k0..k0+chunk belong to this task alone.
+        unsafe { gather_rows_range(kernel, w, idx, k0, (k0 + chunk).min(n), acts, n_tokens, out) }
+    });
+}
+
+/// [`gather_rows`] on the calling thread alone.
+pub(super) fn gather_rows_serial(
+    kernel: Kernel,
+    w: &Matrix,
+    idx: &[u32],
+    acts: &Acts,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(y.len(), n_tokens * idx.len(), "gathered output size");
+    // SAFETY: y holds n_tokens × idx.len() values and is borrowed mutably here.
+    unsafe {
+        gather_rows_range(
+            kernel,
+            w,
+            idx,
+            0,
+            idx.len(),
+            acts,
+            n_tokens,
+            OutPtr(y.as_mut_ptr()),
+        )
+    }
+}
+
+/// The outputs of the gathered rows `idx[k0..k1]` for every token: `out[t * idx.len() + k]`.
+///
+/// # Safety
+/// `out` must point to `n_tokens × idx.len()` values, of which the caller lets this call alone
+/// write the entries of `k0..k1`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gather_rows_range(
+    kernel: Kernel,
+    w: &Matrix,
+    idx: &[u32],
+    k0: usize,
+    k1: usize,
+    acts: &Acts,
+    n_tokens: usize,
+    out: OutPtr,
+) {
+    let n = idx.len();
+    let rb = w.row_bytes();
+    let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
+    let mut tile = [0f32; MR * NT];
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = (n_tokens - t0).min(NT);
+        let mut k = k0;
+        let mut pf = k0;
+        while k < k1 {
+            let nr = run_len(idx, k, k1, MR);
+            if t0 == 0 {
+                // prefetch the rows `ahead` indices in front of the ones being read
+                while pf < k1 && pf < k + nr + ahead {
+                    prefetch_row(w, idx[pf], rb);
+                    pf += 1;
                 }
-                let r = idx[k] as usize;
-                kernel(
-                    &w.data[r * rb..(r + nr) * rb],
-                    rb,
-                    nr,
-                    acts,
-                    t0,
-                    nt,
-                    &mut tile,
-                );
-                for i in 0..nr {
-                    for t in 0..nt {
-                        // SAFETY: t0 + t < n_tokens and k + i < n, so the index is inside y
-                        // (length n_tokens * n); indices k0..k1 belong to this task alone.
-                        unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
-                    }
-                }
-                k += nr;
             }
-            t0 += nt;
+            let r = idx[k] as usize;
+            kernel(
+                &w.data[r * rb..(r + nr) * rb],
+                rb,
+                nr,
+                acts,
+                t0,
+                nt,
+                &mut tile,
+            );
+            for i in 0..nr {
+                for t in 0..nt {
+                    // SAFETY: t0 + t < n_tokens and k + i < k1 <= n, so the index is inside
+                    // out's n_tokens * n values, in the range k0..k1 the caller gave this call.
+                    unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
+                }
+            }
+            k += nr;
         }
-    };
-    for_each_chunk(n_chunks, task);
+        t0 += nt;
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -264,6 +306,22 @@ pub fn gather_matmul_sets<S: AsRef<[u32]>>(
     gather_matmul_sets_at(Level::current(), w, sets, x, y)
 }
 
+/// [`gather_matmul_sets`] of several matrices with the same rows over the same sets and input, in
+/// one parallel region: `ys[m]` receives matrix `ws[m]`'s outputs, bit-identical to a
+/// [`gather_matmul_sets`] call on it. The (token, row) pairs are grouped once for all the
+/// matrices, and each task computes its rows of every matrix (gate and up of a batched sparse FFN).
+///
+/// Errors: as [`gather_matmul_sets`], and [`Error::InvalidArgument`] when `ws` and `ys` differ in
+/// length or the matrices in their number of rows.
+pub fn gather_matmul_sets_multi<S: AsRef<[u32]>>(
+    ws: &[Matrix],
+    sets: &[S],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    gather_multi_at(Level::current(), ws, sets, x, ys)
+}
+
 pub(crate) fn gather_matmul_sets_at<S: AsRef<[u32]>>(
     level: Level,
     w: &Matrix,
@@ -271,41 +329,98 @@ pub(crate) fn gather_matmul_sets_at<S: AsRef<[u32]>>(
     x: &[f32],
     y: &mut [f32],
 ) -> Result<()> {
-    let n_tokens = sets.len();
-    let kind = check_gather(w, "gather_matmul_sets", x, n_tokens)?;
-    let pairs: usize = sets.iter().map(|s| s.as_ref().len()).sum();
-    if pairs != y.len() {
+    gather_multi_at(level, std::slice::from_ref(w), sets, x, &mut [y])
+}
+
+fn gather_multi_at<S: AsRef<[u32]>>(
+    level: Level,
+    ws: &[Matrix],
+    sets: &[S],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    if ws.len() != ys.len() {
         return Err(Error::InvalidArgument(format!(
-            "y has {} values, expected {pairs} (the sets' total length)",
-            y.len()
+            "{} matrices but {} outputs",
+            ws.len(),
+            ys.len()
         )));
+    }
+    let n_tokens = sets.len();
+    let pairs: usize = sets.iter().map(|s| s.as_ref().len()).sum();
+    let mut kinds = Vec::with_capacity(ws.len());
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        kinds.push(check_gather(w, "gather_matmul_sets", x, n_tokens)?);
+        if w.rows != ws[0].rows {
+            return Err(Error::InvalidArgument(format!(
+                "matrices of {} and {} rows gathered together",
+                ws[0].rows, w.rows
+            )));
+        }
+        if pairs != y.len() {
+            return Err(Error::InvalidArgument(format!(
+                "y has {} values, expected {pairs} (the sets' total length)",
+                y.len()
+            )));
+        }
     }
     if u32::try_from(pairs).is_err() {
         return Err(Error::InvalidArgument(format!(
             "{pairs} (token, row) pairs are too many for one call"
         )));
     }
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
     for set in sets {
-        check_rows(w, set.as_ref())?;
+        check_rows(first, set.as_ref())?;
     }
     if pairs == 0 {
         return Ok(());
     }
 
-    let mut acts = SCRATCH.with(|s| s.take()).unwrap_or_default();
-    acts.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
-    let kernel = kernel_for(level, w.ty);
+    let mut acts = SET_ACTS.with(|s| s.take());
+    acts.resize_with(ws.len(), Acts::default);
+    for ((a, w), &kind) in acts.iter_mut().zip(ws).zip(&kinds) {
+        a.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
+    }
     if let [only] = sets {
         // one token: its outputs are gather_matmul's, which runs contiguous rows together
-        gather_rows(kernel, w, only.as_ref(), &acts, 1, y);
+        for ((w, a), y) in ws.iter().zip(&acts).zip(ys.iter_mut()) {
+            gather_rows(kernel_for(level, w.ty), w, only.as_ref(), a, 1, y);
+        }
     } else {
         let mut pairs = PAIRS.with(|p| p.take()).unwrap_or_default();
-        pairs.build(sets, w.rows);
-        gather_pairs(kernel, w, &pairs, &acts, y);
+        pairs.build(sets, first.rows);
+        let jobs: Vec<GatherJob> = ws
+            .iter()
+            .zip(&acts)
+            .zip(ys.iter_mut())
+            .map(|((w, a), y)| GatherJob {
+                kernel: kernel_for(level, w.ty),
+                w,
+                acts: a,
+                out: OutPtr(y.as_mut_ptr()),
+            })
+            .collect();
+        gather_pairs(&jobs, &pairs);
         PAIRS.with(|p| p.set(Some(pairs)));
     }
-    SCRATCH.with(|s| s.set(Some(acts)));
+    SET_ACTS.with(|s| s.set(acts));
     Ok(())
+}
+
+thread_local! {
+    /// Reused per-matrix activations of [`gather_matmul_sets_multi`].
+    static SET_ACTS: std::cell::Cell<Vec<Acts>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// One matrix of a [`gather_pairs`] call: its kernel, its quantised input and its output.
+struct GatherJob<'a> {
+    kernel: Kernel,
+    w: &'a Matrix<'a>,
+    acts: &'a Acts,
+    out: OutPtr,
 }
 
 /// The (token, row) pairs of a [`gather_matmul_sets`] call grouped by row: row `rows[j]` is
@@ -363,42 +478,45 @@ thread_local! {
 }
 
 /// Runs the pairs: each task walks a chunk of the union's rows, prefetching ahead, and computes
-/// each row's dots for its runs of consecutive tokens.
-fn gather_pairs(kernel: Kernel, w: &Matrix, p: &Pairs, acts: &Acts, y: &mut [f32]) {
+/// each row's dots, of every job's matrix, for its runs of consecutive tokens.
+fn gather_pairs(jobs: &[GatherJob], p: &Pairs) {
     let n = p.rows.len();
-    let rb = w.row_bytes();
+    let rb: usize = jobs.iter().map(|j| j.w.row_bytes()).sum();
     let chunk = gather_chunk(n, rb, 2);
     let n_chunks = n.div_ceil(chunk);
     let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
-    let out = OutPtr(y.as_mut_ptr());
     let task = move |c: usize| {
-        let out = out;
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(n);
         let mut tile = [0f32; MR * NT];
         let mut pf = j0;
         for j in j0..j1 {
             while pf < j1 && pf <= j + ahead {
-                prefetch_row(w, p.rows[pf], rb);
+                for job in jobs {
+                    prefetch_row(job.w, p.rows[pf], job.w.row_bytes());
+                }
                 pf += 1;
             }
             let r = p.rows[j] as usize;
-            let row = &w.data[r * rb..(r + 1) * rb];
             let (s, e) = (p.start[j] as usize, p.start[j + 1] as usize);
-            let mut q = s;
-            while q < e {
-                let t0 = p.toks[q] as usize;
-                let mut nt = 1;
-                while nt < NT && q + nt < e && p.toks[q + nt] as usize == t0 + nt {
-                    nt += 1;
+            for job in jobs {
+                let rb = job.w.row_bytes();
+                let row = &job.w.data[r * rb..(r + 1) * rb];
+                let mut q = s;
+                while q < e {
+                    let t0 = p.toks[q] as usize;
+                    let mut nt = 1;
+                    while nt < NT && q + nt < e && p.toks[q + nt] as usize == t0 + nt {
+                        nt += 1;
+                    }
+                    (job.kernel)(row, rb, 1, job.acts, t0, nt, &mut tile);
+                    for (i, &v) in tile[..nt].iter().enumerate() {
+                        // SAFETY: outs are distinct positions < the job's output length, and the
+                        // pairs of row j belong to this task alone.
+                        unsafe { *job.out.0.add(p.outs[q + i] as usize) = v };
+                    }
+                    q += nt;
                 }
-                kernel(row, rb, 1, acts, t0, nt, &mut tile);
-                for (i, &v) in tile[..nt].iter().enumerate() {
-                    // SAFETY: outs are distinct positions < y.len(), and the pairs of row j
-                    // belong to this task alone.
-                    unsafe { *out.0.add(p.outs[q + i] as usize) = v };
-                }
-                q += nt;
             }
         }
     };

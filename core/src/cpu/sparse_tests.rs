@@ -443,6 +443,66 @@ fn gather_sets_is_bit_identical_to_dense() {
 }
 
 #[test]
+fn gather_sets_of_several_matrices_equal_one_call_each() {
+    // gate and up of a batched sparse FFN: two matrices (of different types) over the same sets
+    let mut rng = Rng(77);
+    let (rows, cols) = (600, 256);
+    let (ta, tb) = (GgmlType::Q4_0, GgmlType::F16);
+    let (da, db) = (
+        weights(ta, rows, cols, &mut rng),
+        weights(tb, rows, cols, &mut rng),
+    );
+    let ws = [
+        Matrix::new(ta, rows, cols, &da).unwrap(),
+        Matrix::new(tb, rows, cols, &db).unwrap(),
+    ];
+    for n_tokens in [1, 3, 9] {
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.f()).collect();
+        for sets in token_sets(rows, n_tokens, &mut rng) {
+            let total: usize = sets.iter().map(Vec::len).sum();
+            let mut want = [vec![0f32; total], vec![0f32; total]];
+            for (w, y) in ws.iter().zip(&mut want) {
+                gather_matmul_sets(w, &sets, &x, y).unwrap();
+            }
+            for threads in [1, 2, 3] {
+                let (mut a, mut b) = (vec![f32::NAN; total], vec![f32::NAN; total]);
+                pool(threads)
+                    .install(|| gather_matmul_sets_multi(&ws, &sets, &x, &mut [&mut a, &mut b]))
+                    .unwrap();
+                assert_eq!(
+                    bits(&a),
+                    bits(&want[0]),
+                    "{n_tokens} tokens, {threads} threads"
+                );
+                assert_eq!(
+                    bits(&b),
+                    bits(&want[1]),
+                    "{n_tokens} tokens, {threads} threads"
+                );
+            }
+        }
+    }
+    let x = vec![0.5f32; 2 * cols];
+    let sets = [vec![1u32, 2], vec![3]];
+    let (mut a, mut b) = (vec![0f32; 3], vec![0f32; 3]);
+    let bad = |r: Result<()>| assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    bad(gather_matmul_sets_multi(&ws, &sets, &x, &mut [&mut a]));
+    bad(gather_matmul_sets_multi(
+        &ws,
+        &sets,
+        &x,
+        &mut [&mut a, &mut b[..2]],
+    ));
+    let short = Matrix::new(tb, rows - 1, cols, &db[..db.len() - 512]).unwrap();
+    bad(gather_matmul_sets_multi(
+        &[ws[0], short],
+        &sets,
+        &x,
+        &mut [&mut a, &mut b],
+    ));
+}
+
+#[test]
 fn gather_sets_large_rows_match_dense() {
     // enough rows for several tasks and the prefetch window, at the default level
     let mut rng = Rng(4242);

@@ -25,11 +25,14 @@ pub enum FfnMode {
     Cats,
 }
 
-/// Neurons computed per layer, summed over the tokens seen.
+/// Neurons computed per layer, summed over the tokens seen, and the neurons whose weights a forward
+/// step read (the union of its tokens' sets, each read once for the batch), summed over the steps.
 #[derive(Clone, Debug, Default)]
 pub struct FfnDensity {
     computed: Vec<u64>,
     tokens: Vec<u64>,
+    read: Vec<u64>,
+    steps: Vec<u64>,
     n_ff: usize,
 }
 
@@ -38,35 +41,116 @@ impl FfnDensity {
         FfnDensity {
             computed: vec![0; n_layer],
             tokens: vec![0; n_layer],
+            read: vec![0; n_layer],
+            steps: vec![0; n_layer],
             n_ff,
         }
     }
 
-    fn record(&mut self, il: usize, computed: usize, tokens: usize) {
+    /// One step of layer `il`: `computed` (token, neuron) pairs over `tokens` tokens, whose union
+    /// holds `union` neurons.
+    fn record(&mut self, il: usize, computed: usize, union: usize, tokens: usize) {
         self.computed[il] += computed as u64;
         self.tokens[il] += tokens as u64;
+        self.read[il] += union as u64;
+        self.steps[il] += 1;
+    }
+
+    /// Fraction of the FFN neurons whose weights a forward step reads (the union of its tokens'
+    /// sets), per layer, averaged over the steps. With one token per step it equals
+    /// [`FfnDensity::per_layer`]; for a batch it bounds how much batching saves: a step of `n`
+    /// tokens reads `union / density` neurons' weights where `n` lone steps read `n`.
+    pub fn union_per_layer(&self) -> Vec<f64> {
+        ratio(&self.read, &self.steps, self.n_ff)
+    }
+
+    /// Mean over the layers of [`FfnDensity::union_per_layer`].
+    pub fn union_mean(&self) -> f64 {
+        mean(&self.union_per_layer())
     }
 
     /// Fraction of the FFN neurons computed per token, per layer (1 for dense).
     pub fn per_layer(&self) -> Vec<f64> {
-        self.computed
-            .iter()
-            .zip(&self.tokens)
-            .map(|(&c, &t)| {
-                if t == 0 {
-                    0.0
-                } else {
-                    c as f64 / (t as f64 * self.n_ff as f64)
-                }
-            })
-            .collect()
+        ratio(&self.computed, &self.tokens, self.n_ff)
     }
 
     /// Mean over the layers of [`FfnDensity::per_layer`].
     pub fn mean(&self) -> f64 {
-        let d = self.per_layer();
-        d.iter().sum::<f64>() / d.len().max(1) as f64
+        mean(&self.per_layer())
     }
+
+    /// Bytes of weights one decoded token reads on average with the FFN in `mode` at these
+    /// densities: every layer's attention matrices and the LM head; for the FFN, every matrix in
+    /// `Dense`, the predictor and each computed neuron's gate and up rows and down column in
+    /// `Sparse`, the whole decider (gate, or up without gate) and the computed neurons' other rows
+    /// in `Oracle` and `Cats`. The token embedding row is negligible and not counted.
+    pub fn weight_bytes_per_token(&self, model: &Model, mode: FfnMode) -> u64 {
+        let density = self.per_layer();
+        let ffn: f64 = model
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| {
+                let all = [l.gate.as_ref(), Some(&l.up), Some(l.down_weight())];
+                let chosen = density.get(il).copied().unwrap_or(1.0) * model.hp.n_ff as f64;
+                let neuron = super::offload::neuron_bytes(model, il) as f64;
+                match mode {
+                    FfnMode::Dense => {
+                        all.into_iter().flatten().map(Weight::n_bytes).sum::<u64>() as f64
+                    }
+                    FfnMode::Sparse => {
+                        let predictor = l
+                            .predictor
+                            .as_ref()
+                            .map_or(0, |p| p.fc1.n_bytes() + p.fc2.n_bytes());
+                        predictor as f64 + chosen * neuron
+                    }
+                    FfnMode::Oracle | FfnMode::Cats => {
+                        let decider = l.decider();
+                        let row = decider.n_bytes() as f64 / decider.rows.max(1) as f64;
+                        decider.n_bytes() as f64 + chosen * (neuron - row)
+                    }
+                }
+            })
+            .sum();
+        let attention: u64 = model
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
+            .map(Weight::n_bytes)
+            .sum();
+        attention + model.output.n_bytes() + ffn.round() as u64
+    }
+}
+
+/// `num[l] / (den[l] · n_ff)` per layer (0 where `den[l]` is 0).
+fn ratio(num: &[u64], den: &[u64], n_ff: usize) -> Vec<f64> {
+    num.iter()
+        .zip(den)
+        .map(|(&c, &t)| {
+            if t == 0 {
+                0.0
+            } else {
+                c as f64 / (t as f64 * n_ff as f64)
+            }
+        })
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Neurons in the union of `sets` (each below `n_ff`).
+fn union_len(sets: &[Vec<u32>], n_ff: usize) -> usize {
+    if let [only] = sets {
+        return only.len();
+    }
+    let mut bits = vec![0u64; n_ff.div_ceil(64)];
+    for &i in sets.iter().flatten() {
+        bits[i as usize / 64] |= 1 << (i % 64);
+    }
+    bits.iter().map(|b| b.count_ones() as usize).sum()
 }
 
 /// What an [`FfnObserver`] sees of one layer and batch.
@@ -103,6 +187,8 @@ pub(super) fn feed_forward(
     let layer = &model.layers[il];
     let act = model.hp.ffn_act;
     let n_ff = model.hp.n_ff;
+    // whether `a` is already rounded for the down projection (the fused path rounds it)
+    let mut rounded = false;
     let (mut a, gate) = match mode {
         FfnMode::Dense => {
             let (decider, up) = match &layer.gate {
@@ -123,7 +209,7 @@ pub(super) fn feed_forward(
                     .collect(),
                 None => decider.iter().map(|&u| act.gate(u)).collect(),
             };
-            density.record(il, n * n_ff, n);
+            density.record(il, n * n_ff, n_ff, n);
             (a, Some(decider))
         }
         FfnMode::Oracle | FfnMode::Cats => {
@@ -146,14 +232,23 @@ pub(super) fn feed_forward(
                 message: "the file has no predictor for this layer (use --ffn oracle or dense)"
                     .into(),
             })?;
-            let logits = predict(model, predictor, x, n)?;
-            let threshold = model.hp.sparse_thresholds[il];
-            let chosen: Vec<Vec<u32>> = logits
-                .chunks_exact(n_ff)
-                .map(|p| select(p, |v| v >= threshold))
-                .collect();
-            let a = sparse_activations(model, offload, h, n, &chosen, None, il, density)?;
-            (a, None)
+            match fused_sparse(model, offload, predictor, il, x, h, n, &observer)? {
+                Some((a, chosen)) => {
+                    density.record(il, chosen, chosen, n);
+                    rounded = true;
+                    (a, None)
+                }
+                None => {
+                    let logits = predict(model, predictor, x, n)?;
+                    let threshold = model.hp.sparse_thresholds[il];
+                    let chosen: Vec<Vec<u32>> = logits
+                        .chunks_exact(n_ff)
+                        .map(|p| select(p, |v| v >= threshold))
+                        .collect();
+                    let a = sparse_activations(model, offload, h, n, &chosen, None, il, density)?;
+                    (a, None)
+                }
+            }
         }
     };
     if let Some(observe) = observer {
@@ -164,12 +259,49 @@ pub(super) fn feed_forward(
             activations: &a,
         });
     }
-    let mut out = down_projection(model, offload, il, &mut a, n)?;
+    let mut out = down_projection(model, offload, il, &mut a, n, rounded)?;
     if let Some(b) = &layer.down_b {
         out.chunks_exact_mut(b.len())
             .for_each(|row| cpu::ops::add_assign(row, b));
     }
     Ok(out)
+}
+
+/// One token's predicted FFN activations in one parallel region ([`cpu::sparse_ffn`]), already
+/// rounded for the down projection, and the number of chosen neurons; `None` where that path does
+/// not apply (a batch, products off the CPU, an FFN without gate or with an up bias, no
+/// neuron-major down, an observer that wants the unrounded activations).
+#[allow(clippy::too_many_arguments)]
+fn fused_sparse(
+    model: &Model,
+    offload: &dyn FfnOffload,
+    predictor: &Predictor,
+    il: usize,
+    x: &[f32],
+    h: &[f32],
+    n: usize,
+    observer: &Option<&mut FfnObserver>,
+) -> Result<Option<(Vec<f32>, usize)>> {
+    let layer = &model.layers[il];
+    let (Some(gate), Some(down_t)) = (&layer.gate, &layer.down_t) else {
+        return Ok(None);
+    };
+    if n != 1 || !offload.all_on_cpu() || layer.up_b.is_some() || observer.is_some() {
+        return Ok(None);
+    }
+    let weights = cpu::sparse_ffn::PredictedFfn {
+        fc1: model.matrix(&predictor.fc1),
+        fc2: model.matrix(&predictor.fc2),
+        gate: model.matrix(gate),
+        up: model.matrix(&layer.up),
+        threshold: model.hp.sparse_thresholds[il],
+        down_ty: down_t.ty,
+    };
+    let act = model.hp.ffn_act;
+    let mut a = vec![0f32; model.hp.n_ff];
+    let chosen =
+        cpu::sparse_ffn::predicted_activations(&weights, |g, u| act.combine(g, u), x, h, &mut a)?;
+    Ok(Some((a, chosen)))
 }
 
 /// The pre-activations that decide which neurons fire, for every neuron: the gate's, or in an FFN
@@ -276,7 +408,12 @@ fn sparse_activations(
         }
         off += set.len();
     }
-    density.record(il, chosen.iter().map(Vec::len).sum(), n);
+    density.record(
+        il,
+        chosen.iter().map(Vec::len).sum(),
+        union_len(chosen, n_ff),
+        n,
+    );
     Ok(a)
 }
 
@@ -293,17 +430,20 @@ fn add_up_bias(layer: &LayerWeights, sets: &[Vec<u32>], y: &mut [f32]) {
 /// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
 /// (skipping zero activations), else the dense matmul. The axpy's coefficients are first rounded as
 /// ggml rounds a product's input for the down weights' type (Q8_0 for Q4_0, f16 for F16), as
-/// ggml's dense product and PowerInfer's sparse kernels both do.
+/// ggml's dense product and PowerInfer's sparse kernels both do (unless `rounded` says they are).
 fn down_projection(
     model: &Model,
     offload: &dyn FfnOffload,
     il: usize,
     a: &mut [f32],
     n: usize,
+    rounded: bool,
 ) -> Result<Vec<f32>> {
     match &model.layers[il].down_t {
         Some(down_t) => {
-            cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
+            if !rounded {
+                cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
+            }
             offload.down_axpy(model, il, a, n)
         }
         None => offload.matmul(model, il, FfnTensor::Down, a, n),
@@ -326,12 +466,64 @@ mod tests {
     }
 
     #[test]
+    fn bytes_read_count_only_the_computed_neurons() {
+        use std::sync::Arc;
+        let cfg = crate::synth::SynthConfig::preset("tiny").unwrap();
+        let (writer, _) = crate::synth::build(&cfg).unwrap();
+        let file = crate::gguf::GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap();
+        let model = Model::from_file(Arc::new(file)).unwrap();
+        let (n_layer, n_ff) = (model.hp.n_layer, model.hp.n_ff);
+        let mut d = FfnDensity::new(n_layer, n_ff);
+        for il in 0..n_layer {
+            d.record(il, n_ff / 4, n_ff / 4, 1);
+        }
+        let fixed: u64 = model
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
+            .map(Weight::n_bytes)
+            .sum::<u64>()
+            + model.output.n_bytes();
+        let mut sparse = fixed;
+        let mut oracle = fixed;
+        for (il, l) in model.layers.iter().enumerate() {
+            let p = l.predictor.as_ref().unwrap();
+            let neuron = crate::engine::neuron_bytes(&model, il);
+            let gate = l.gate.as_ref().unwrap();
+            let gate_row = gate.n_bytes() / n_ff as u64;
+            sparse += p.fc1.n_bytes() + p.fc2.n_bytes() + neuron * (n_ff / 4) as u64;
+            oracle += gate.n_bytes() + (neuron - gate_row) * (n_ff / 4) as u64;
+        }
+        assert_eq!(d.weight_bytes_per_token(&model, FfnMode::Sparse), sparse);
+        assert_eq!(d.weight_bytes_per_token(&model, FfnMode::Oracle), oracle);
+        // dense reads every weight matrix, whatever the density says
+        assert_eq!(
+            d.weight_bytes_per_token(&model, FfnMode::Dense),
+            model.bytes_per_token()
+        );
+        assert!(sparse < model.bytes_per_token());
+    }
+
+    #[test]
     fn density_averages_over_tokens_and_layers() {
         let mut d = FfnDensity::new(2, 10);
-        d.record(0, 3, 1);
-        d.record(0, 1, 1);
-        d.record(1, 10, 1);
+        d.record(0, 3, 3, 1);
+        d.record(0, 1, 1, 1);
+        d.record(1, 10, 10, 1);
         assert_eq!(d.per_layer(), vec![0.2, 1.0]);
         assert!((d.mean() - 0.6).abs() < 1e-12);
+        assert_eq!(d.union_per_layer(), d.per_layer());
+        // a step of two tokens choosing 3 and 4 neurons of which 2 are shared reads 5
+        d.record(1, 7, 5, 2);
+        assert_eq!(d.per_layer(), vec![0.2, 17.0 / 30.0]);
+        assert_eq!(d.union_per_layer(), vec![0.2, 15.0 / 20.0]);
+    }
+
+    #[test]
+    fn union_counts_each_neuron_once() {
+        assert_eq!(union_len(&[vec![1, 5], vec![0, 5, 7]], 8), 4);
+        assert_eq!(union_len(&[vec![2, 3, 4]], 8), 3);
+        assert_eq!(union_len(&[vec![], vec![]], 8), 0);
+        assert_eq!(union_len(&[vec![0, 64, 129], vec![129, 1]], 130), 4);
     }
 }

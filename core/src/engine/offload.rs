@@ -105,6 +105,12 @@ pub trait FfnOffload: Send + Sync {
     /// The down projection over the neuron-major `ffn_down_t` with coefficients `a`
     /// (`n × n_ff`, already rounded as `cpu::matmul` rounds its input), `n × n_embd`.
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>>;
+
+    /// Whether every product runs on the CPU as `cpu` computes it, so that the forward pass may
+    /// call the fused CPU operators ([`crate::cpu::sparse_ffn`]) instead. By default: no.
+    fn all_on_cpu(&self) -> bool {
+        false
+    }
 }
 
 /// The sorted union of the per-token sorted index sets.
@@ -218,15 +224,22 @@ impl FfnOffload for CpuFfn {
         sets: &[Vec<u32>],
         x: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let gate = self.gather_sets(model, il, FfnTensor::Gate, sets, x)?;
-        let up = self.gather_sets(model, il, FfnTensor::Up, sets, x)?;
-        Ok((gate, up))
+        let gate = model.matrix(ffn_weight(model, il, FfnTensor::Gate)?);
+        let up = model.matrix(ffn_weight(model, il, FfnTensor::Up)?);
+        let pairs = sets.iter().map(Vec::len).sum();
+        let (mut g, mut u) = (vec![0f32; pairs], vec![0f32; pairs]);
+        cpu::sparse::gather_matmul_sets_multi(&[gate, up], sets, x, &mut [&mut g, &mut u])?;
+        Ok((g, u))
     }
 
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut out = vec![0f32; n * model.hp.n_embd];
         cpu::sparse_axpy(&down_t(model, il)?, a, n, &mut out)?;
         Ok(out)
+    }
+
+    fn all_on_cpu(&self) -> bool {
+        true
     }
 }
 

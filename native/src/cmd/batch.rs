@@ -113,18 +113,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(out, "[{}] {p}{t}", i + 1)?;
     }
     let prompt_tokens: usize = tokenized.iter().map(Vec::len).sum();
+    let steps = metrics.steps.load(Ordering::Relaxed);
     eprintln!(
-        "batch: {} prompts ({} prompt tokens), {} generated tokens in {:.2} s: aggregate {:.1} tok/s | {} in parallel, {} steps | {} threads, {} | ffn mean density {:.3}",
+        "batch: {} prompts ({} prompt tokens), {} generated tokens in {:.2} s: aggregate {:.1} tok/s | {} in parallel, {} steps ({:.2} tokens a step) | {} threads, {} | ffn mean density {:.3} per token, {:.3} read per step (union of the step's tokens)",
         prompts.len(),
         prompt_tokens,
         generated,
         secs,
         generated as f64 / secs.max(1e-9),
         parallel,
-        metrics.steps.load(Ordering::Relaxed),
+        steps,
+        (prompt_tokens + generated).saturating_sub(prompts.len()) as f64 / steps.max(1) as f64,
         loaded.pool.current_num_threads(),
         hotcold_core::cpu::simd_level(),
         metrics.density(),
+        metrics.union_density(),
     );
     Ok(())
 }

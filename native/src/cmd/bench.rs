@@ -84,11 +84,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tg_mean = Some(rates.iter().sum::<f64>() / rates.len() as f64);
     }
     eprintln!("{}", super::common::density_summary(&session));
-    let bytes = model.bytes_per_token();
+    // what the FFN mode really reads at the density measured above (predictor and chosen neurons)
+    let bytes = session
+        .ffn_density()
+        .weight_bytes_per_token(model, session.ffn_mode());
     let bandwidth = loaded.pool.install(|| read_bandwidth(model));
     let roofline = bandwidth / bytes as f64;
     println!(
-        "\nweights read per decoded token: {:.1} MiB; memory read bandwidth ({threads} threads, streaming the weights): {:.2} GB/s; decode roofline {:.1} tok/s",
+        "\nweights read per decoded token (ffn {:?}): {:.1} MiB; memory read bandwidth ({threads} threads, streaming the weights): {:.2} GB/s; decode roofline {:.1} tok/s",
+        session.ffn_mode(),
         bytes as f64 / (1 << 20) as f64,
         bandwidth / 1e9,
         roofline

@@ -9,6 +9,7 @@ use hotcold_core::engine::{default_ffn_mode, thread_pool, FfnMode, FfnOffload, S
 use hotcold_core::gpu::forward::GpuModel;
 use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
+use hotcold_core::quant::GgmlType;
 use hotcold_core::sample::SamplerConfig;
 use hotcold_core::tokenizer::Tokenizer;
 
@@ -34,14 +35,17 @@ pub struct ModelArgs {
     #[command(flatten)]
     pub device: super::device::DeviceArgs,
     /// Keep the predictors as stored (`file`) or re-encode them as Q8_0 in memory (`q8_0`: about
-    /// half their bytes per token; the file is untouched).
-    #[arg(long = "predictor-type", value_enum, default_value = "file")]
+    /// half the bytes of F16 ones per token; the file is untouched). `auto`: Q8_0 when the file
+    /// stores them as floats (F32, F16, BF16), else as stored.
+    #[arg(long = "predictor-type", value_enum, default_value = "auto")]
     pub predictor_type: PredictorTypeArg,
 }
 
 /// `--predictor-type` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PredictorTypeArg {
+    /// Q8_0 for float predictors, else as stored.
+    Auto,
     /// As stored in the file.
     File,
     /// Re-encoded as Q8_0 at load time.
@@ -203,8 +207,19 @@ impl ModelArgs {
             // The sparse axpy needs the down projection neuron-major.
             model.repack_down_t()?;
         }
-        if self.predictor_type == PredictorTypeArg::Q8_0 {
-            model.quantize_predictors(hotcold_core::quant::GgmlType::Q8_0)?;
+        let float_predictors = model
+            .layers
+            .iter()
+            .flat_map(|l| l.predictor.as_ref())
+            .flat_map(|p| [p.fc1.ty, p.fc2.ty])
+            .all(|ty| matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
+        let q8_0 = match self.predictor_type {
+            PredictorTypeArg::Auto => float_predictors,
+            PredictorTypeArg::File => false,
+            PredictorTypeArg::Q8_0 => true,
+        };
+        if q8_0 {
+            model.quantize_predictors(GgmlType::Q8_0)?;
         }
         let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
         let threads = self

@@ -24,6 +24,7 @@ pub struct Metrics {
     pub steps: AtomicU64,
     tokens_per_s: AtomicU64,
     density: AtomicU64,
+    union_density: AtomicU64,
 }
 
 impl Metrics {
@@ -40,6 +41,16 @@ impl Metrics {
     /// The last recorded mean FFN density.
     pub fn density(&self) -> f64 {
         f64::from_bits(self.density.load(Ordering::Relaxed))
+    }
+
+    /// Records the mean fraction of FFN neurons a step reads (the union of its tokens' sets).
+    pub fn set_union_density(&self, v: f64) {
+        self.union_density.store(v.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The last recorded mean FFN union density of a step.
+    pub fn union_density(&self) -> f64 {
+        f64::from_bits(self.union_density.load(Ordering::Relaxed))
     }
 
     /// The Prometheus text exposition.

@@ -397,6 +397,7 @@ impl<'l> ModelThread<'l> {
         m.queued
             .store(outstanding.saturating_sub(busy) as u64, Ordering::Relaxed);
         m.set_density(self.batch.ffn_density().mean());
+        m.set_union_density(self.batch.ffn_density().union_mean());
         let now = Instant::now();
         while self
             .rate
