@@ -102,15 +102,13 @@ impl<'m> Session<'m> {
     /// TEAL thresholds the FFN's inputs itself). Prompt processing keeps the dense operators
     /// unless [`Session::set_sparse_prefill`].
     pub fn set_teal(&mut self, teal: Arc<Teal>) {
-        self.fwd.linear = teal.clone();
-        self.fwd.offload = teal;
-        self.fwd.ffn_mode = FfnMode::Dense;
+        self.fwd.set_teal(teal);
     }
 
     /// Whether training-free sparsity (CATS, TEAL) also applies to prompt processing (a batch in
     /// which some sequence has more than one token); default: dense prompts.
     pub fn set_sparse_prefill(&mut self, on: bool) {
-        self.fwd.sparse_prefill = on;
+        self.fwd.set_sparse_prefill(on);
     }
 
     /// Installs (or removes) a callback that sees every layer's FFN input and activations.
@@ -222,6 +220,18 @@ impl<'m> Forward<'m> {
             sparse_prefill: false,
             prefill: false,
         }
+    }
+
+    /// See [`Session::set_teal`].
+    pub(super) fn set_teal(&mut self, teal: Arc<Teal>) {
+        self.linear = teal.clone();
+        self.offload = teal;
+        self.ffn_mode = FfnMode::Dense;
+    }
+
+    /// See [`Session::set_sparse_prefill`].
+    pub(super) fn set_sparse_prefill(&mut self, on: bool) {
+        self.sparse_prefill = on;
     }
 
     /// See [`Session::set_ffn_mode`].

@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         report(format!("tg{}", args.n_gen), &rates);
         tg_mean = Some(rates.iter().sum::<f64>() / rates.len() as f64);
     }
-    eprintln!("{}", super::common::density_summary(&session));
+    eprintln!("{}", super::common::sparsity_summary(&loaded, &session));
     let bytes = model.bytes_per_token();
     let bandwidth = loaded.pool.install(|| read_bandwidth(model));
     let roofline = bandwidth / bytes as f64;

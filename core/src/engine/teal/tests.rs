@@ -120,11 +120,11 @@ fn skipped_inputs_do_not_read_their_columns() {
 }
 
 #[test]
-fn repack_types_keep_the_bits_per_weight_or_fewer() {
+fn repack_types_keep_floats_and_quantise_the_rest_as_q8_0() {
     assert_eq!(repack_type(GgmlType::F32, 64), GgmlType::F32);
     assert_eq!(repack_type(GgmlType::BF16, 64), GgmlType::F16);
-    assert_eq!(repack_type(GgmlType::Q5_0, 64), GgmlType::Q5_0);
-    assert_eq!(repack_type(GgmlType::Q4_K, 64), GgmlType::Q4_0);
+    assert_eq!(repack_type(GgmlType::Q5_0, 64), GgmlType::Q8_0);
+    assert_eq!(repack_type(GgmlType::Q4_K, 64), GgmlType::Q8_0);
     assert_eq!(repack_type(GgmlType::Q6_K, 64), GgmlType::Q8_0);
     assert_eq!(repack_type(GgmlType::Q8_0, 64), GgmlType::Q8_0);
     assert_eq!(repack_type(GgmlType::Q8_0, 48), GgmlType::F16);
