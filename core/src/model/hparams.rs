@@ -216,7 +216,7 @@ fn teal_thresholds(file: &GgufFile, n_layer: usize) -> Result<Option<Vec<[f32; 7
             n_layer * 7
         )));
     }
-    if let Some(v) = t.iter().find(|v| !(**v >= 0.0)) {
+    if let Some(v) = t.iter().find(|v| v.is_nan() || **v < 0.0) {
         return Err(bad(format!("threshold {v} is not a non-negative number")));
     }
     Ok(Some(

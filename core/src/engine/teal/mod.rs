@@ -104,7 +104,7 @@ pub fn repack_type(src: GgmlType, n_out: usize) -> GgmlType {
     match src {
         GgmlType::F32 => GgmlType::F32,
         GgmlType::F16 | GgmlType::BF16 => GgmlType::F16,
-        _ if n_out % 32 != 0 => GgmlType::F16,
+        _ if !n_out.is_multiple_of(32) => GgmlType::F16,
         _ => GgmlType::Q8_0,
     }
 }
@@ -133,7 +133,11 @@ impl Teal {
                 thresholds.len()
             )));
         }
-        if let Some(t) = thresholds.iter().flatten().find(|t| !(**t >= 0.0)) {
+        if let Some(t) = thresholds
+            .iter()
+            .flatten()
+            .find(|t| t.is_nan() || **t < 0.0)
+        {
             return Err(Error::InvalidArgument(format!(
                 "TEAL threshold {t} is not a non-negative number"
             )));
@@ -187,6 +191,12 @@ impl Teal {
         if n > 1 && !self.sparse_prefill {
             return dense_project(model, il, which, x, n);
         }
+        self.column_sparse(il, which, x, n)
+    }
+
+    /// The column-sparse product: `x` thresholded, then `Σ_{i kept} x_i · W[:, i]` over the
+    /// input-major copy.
+    fn column_sparse(&self, il: usize, which: Proj, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let m = &self.mats[il][which.index()];
         if x.len() != n * m.n_in {
             return Err(Error::InvalidArgument(format!(
@@ -218,6 +228,17 @@ fn repack_layer(model: &Model, il: usize, ty: Option<GgmlType>) -> Result<[Input
     let layer = &model.layers[il];
     let mut out = Vec::with_capacity(7);
     for p in Proj::ALL {
+        if let (Proj::Down, None, Some(w_t)) = (p, &layer.down, &layer.down_t) {
+            // PowerInfer's files store down neuron-major: already input-major
+            let ty = ty.unwrap_or_else(|| repack_type(w_t.ty, w_t.cols));
+            out.push(InputMajor {
+                ty,
+                n_in: w_t.rows,
+                n_out: w_t.cols,
+                bytes: reencode(&model.matrix(w_t), ty)?,
+            });
+            continue;
+        }
         let w = p.weight(layer).ok_or_else(|| Error::Tensor {
             tensor: format!("blk.{il}.{}.weight", p.name()),
             message: "TEAL needs every matrix of the block row-major (gate, up and ffn_down)"
@@ -239,6 +260,21 @@ fn repack_layer(model: &Model, il: usize, ty: Option<GgmlType>) -> Result<[Input
     Ok(out
         .try_into()
         .unwrap_or_else(|_| unreachable!("seven matrices")))
+}
+
+/// The rows of `m` re-encoded as `ty` (a copy when it already is `ty`).
+fn reencode(m: &Matrix, ty: GgmlType) -> Result<Vec<u8>> {
+    if m.ty == ty {
+        return Ok(m.data.to_vec());
+    }
+    let row_bytes = ty.row_bytes(m.cols as u64)? as usize;
+    let mut bytes = vec![0u8; row_bytes * m.rows];
+    let mut row = vec![0f32; m.cols];
+    for (r, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+        cpu::dequantize_row(m, r, &mut row)?;
+        crate::quant::quantize(ty, &row, dst)?;
+    }
+    Ok(bytes)
 }
 
 impl Linear for Teal {
@@ -281,8 +317,13 @@ impl FfnOffload for Teal {
         CpuFfn.gather(model, il, which, rows, x, n)
     }
 
+    /// Files with a neuron-major down (no row-major one) reach down here: thresholded like the
+    /// other inputs, over TEAL's copy of it.
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
-        CpuFfn.down_axpy(model, il, a, n)
+        if n > 1 && !self.sparse_prefill {
+            return CpuFfn.down_axpy(model, il, a, n);
+        }
+        self.column_sparse(il, Proj::Down, a, n)
     }
 }
 
