@@ -38,6 +38,19 @@ impl TealRecorder {
             let mut norms: [Vec<f32>; 7] = Default::default();
             let mut p = [0f64; 7];
             for m in Proj::ALL {
+                if let (Proj::Down, None, Some(w_t)) = (m, &layer.down, &layer.down_t) {
+                    // neuron-major down: input channel i is row i
+                    let mat = model.matrix(w_t);
+                    let mut row = vec![0f32; w_t.cols];
+                    let mut sq = vec![0f32; w_t.rows];
+                    for (r, s) in sq.iter_mut().enumerate() {
+                        cpu::dequantize_row(&mat, r, &mut row)?;
+                        *s = row.iter().map(|v| v * v).sum();
+                    }
+                    norms[m.index()] = sq;
+                    p[m.index()] = (w_t.rows * w_t.cols) as f64;
+                    continue;
+                }
                 let w = m.weight(layer).ok_or_else(|| Error::Tensor {
                     tensor: format!("blk.{il}.{}.weight", m.name()),
                     message: "TEAL calibration needs every matrix of the block row-major".into(),
@@ -147,6 +160,7 @@ impl FfnOffload for TealRecorder {
     }
 
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
+        self.record(il, Proj::Down, a);
         CpuFfn.down_axpy(model, il, a, n)
     }
 }
