@@ -21,6 +21,8 @@ const REPACK_TOLERANCE: f32 = 1.5;
 fn logits(model: &Model, mode: FfnMode, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let mut s = Session::new(model, 128, thread_pool(2).unwrap());
     s.set_ffn_mode(mode).unwrap();
+    // CATS keeps prompts dense unless asked; this compares every step, prompt included
+    s.set_sparse_prefill(true);
     let mut out = vec![s.eval(prompt, Logits::Last).unwrap()];
     for _ in 1..steps {
         let next = hotcold::sample::argmax(out.last().unwrap());

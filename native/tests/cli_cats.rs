@@ -70,6 +70,7 @@ fn calibrated_thresholds_meet_the_target_on_held_out_text() {
         "128",
         "--ffn",
         "cats",
+        "--sparse-prefill",
         "-t",
         "2",
     ]);

@@ -33,9 +33,21 @@ pub fn greedy_with_logits(
     n: usize,
     threads: usize,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
+    greedy_with_setup(model, |s| s.set_ffn_mode(mode).unwrap(), prompt, n, threads)
+}
+
+/// Greedy continuation of `prompt` for `n` tokens on `threads` threads on a session `setup`
+/// configures, and the logits of every step.
+pub fn greedy_with_setup(
+    model: &hotcold::model::Model,
+    setup: impl FnOnce(&mut hotcold::engine::Session),
+    prompt: &[u32],
+    n: usize,
+    threads: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     use hotcold::engine::{thread_pool, Logits, Session};
     let mut session = Session::new(model, 256, thread_pool(threads).unwrap());
-    session.set_ffn_mode(mode).unwrap();
+    setup(&mut session);
     let mut logits = session.eval(prompt, Logits::Last).unwrap();
     let (mut tokens, mut all) = (Vec::new(), Vec::new());
     for _ in 0..n {

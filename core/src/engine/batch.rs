@@ -71,6 +71,16 @@ impl<'m> Batch<'m> {
         }
     }
 
+    /// See [`Session::set_teal`](super::Session::set_teal).
+    pub fn set_teal(&mut self, teal: std::sync::Arc<super::Teal>) {
+        self.fwd.set_teal(teal);
+    }
+
+    /// See [`Session::set_sparse_prefill`](super::Session::set_sparse_prefill).
+    pub fn set_sparse_prefill(&mut self, on: bool) {
+        self.fwd.set_sparse_prefill(on);
+    }
+
     /// Chooses how the FFN picks its neurons (see [`super::Session::set_ffn_mode`]).
     pub fn set_ffn_mode(&mut self, mode: FfnMode) -> Result<()> {
         self.fwd.set_ffn_mode(mode)

@@ -8,12 +8,14 @@ mod generate;
 #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
 mod gpu_ffn;
 mod kv_cache;
+mod linear;
 mod norm;
 mod offload;
 mod parallel;
 mod perplexity;
 mod positions;
 mod session;
+mod teal;
 
 pub use batch::{Batch, SeqId, Work};
 pub use ffn::{FfnDensity, FfnMode, FfnObserver, FfnTrace};
@@ -21,11 +23,16 @@ pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, 
 #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
 pub use gpu_ffn::{layer_fits_kernels, GpuFfn};
 pub use kv_cache::KvCache;
+pub use linear::{DenseLinear, Linear, Proj};
 pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor};
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
 pub(crate) use session::{check_tokens, embed_tokens};
 pub use session::{default_ffn_mode, Logits, Session};
+pub use teal::{
+    repack_type, Allocation, MagnitudeHistogram, Teal, TealCalibration, TealOptions, TealRecorder,
+    TealStats, TEAL_NEEDS_THRESHOLDS, TEAL_SPARSITY_KEY, TEAL_TARGET_KEY, TEAL_THRESHOLDS_KEY,
+};
 
 use std::sync::Arc;
 

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use super::attention::{attend, AttentionShape};
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
+use super::linear::{DenseLinear, Linear, Proj};
 use super::norm::{norm_rows, norm_rows_in_place};
 use super::offload::{CpuFfn, FfnOffload};
 use super::parallel::parallel_residual;
 use super::positions::add_learned_positions;
+use super::teal::Teal;
 use rayon::prelude::*;
 
 use crate::cpu::ops::{self, Rope};
@@ -51,7 +53,7 @@ pub(super) struct SeqRows<'c> {
 }
 
 /// What the forward pass shares between the sequences it evaluates: the model, the RoPE tables,
-/// the FFN mode, the density counters and the FFN observer.
+/// the FFN mode, the density counters, the FFN observer and the operators of the projections.
 pub(super) struct Forward<'m> {
     model: &'m Model,
     rope_global: Rope,
@@ -60,6 +62,21 @@ pub(super) struct Forward<'m> {
     density: FfnDensity,
     observer: Option<FfnObserver>,
     offload: Arc<dyn FfnOffload>,
+    /// The attention projections' operator (decode; see [`Forward::ops`]).
+    linear: Arc<dyn Linear>,
+    /// The FFN products of a dense prompt-processing batch when `offload` is a sparse operator.
+    dense_offload: Arc<dyn FfnOffload>,
+    /// Training-free sparsity also on prompt processing.
+    sparse_prefill: bool,
+    /// Whether the batch in progress processes a prompt (some sequence has more than one row).
+    prefill: bool,
+}
+
+/// The operators of one forward step: the projections', the FFN's and its mode.
+struct Ops {
+    linear: Arc<dyn Linear>,
+    offload: Arc<dyn FfnOffload>,
+    ffn_mode: FfnMode,
 }
 
 impl<'m> Session<'m> {
@@ -103,7 +120,26 @@ impl<'m> Session<'m> {
 
     /// Chooses where the FFN's matrix products run (default: [`CpuFfn`]).
     pub fn set_ffn_offload(&mut self, offload: Arc<dyn FfnOffload>) {
+        self.fwd.dense_offload = offload.clone();
         self.fwd.offload = offload;
+    }
+
+    /// Runs the attention projections through `linear` (default: [`DenseLinear`]).
+    pub fn set_linear(&mut self, linear: Arc<dyn Linear>) {
+        self.fwd.linear = linear;
+    }
+
+    /// Runs the block's projections through `teal`'s input-sparse operators (FFN mode `Dense`:
+    /// TEAL thresholds the FFN's inputs itself). Prompt processing keeps the dense operators
+    /// unless [`Session::set_sparse_prefill`].
+    pub fn set_teal(&mut self, teal: Arc<Teal>) {
+        self.fwd.set_teal(teal);
+    }
+
+    /// Whether training-free sparsity (CATS, TEAL) also applies to prompt processing (a batch in
+    /// which some sequence has more than one token); default: dense prompts.
+    pub fn set_sparse_prefill(&mut self, on: bool) {
+        self.fwd.set_sparse_prefill(on);
     }
 
     /// Installs (or removes) a callback that sees every layer's FFN input and activations. An
@@ -255,7 +291,23 @@ impl<'m> Forward<'m> {
             density: FfnDensity::new(hp.n_layer, hp.n_ff),
             observer: None,
             offload: Arc::new(CpuFfn),
+            linear: Arc::new(DenseLinear),
+            dense_offload: Arc::new(CpuFfn),
+            sparse_prefill: false,
+            prefill: false,
         }
+    }
+
+    /// See [`Session::set_teal`].
+    pub(super) fn set_teal(&mut self, teal: Arc<Teal>) {
+        self.linear = teal.clone();
+        self.offload = teal;
+        self.ffn_mode = FfnMode::Dense;
+    }
+
+    /// See [`Session::set_sparse_prefill`].
+    pub(super) fn set_sparse_prefill(&mut self, on: bool) {
+        self.sparse_prefill = on;
     }
 
     /// See [`Session::set_ffn_mode`].
@@ -300,6 +352,7 @@ impl<'m> Forward<'m> {
         out_rows: &[usize],
     ) -> Result<Vec<f32>> {
         let mut x = self.embed(tokens, seqs)?;
+        self.prefill = seqs.iter().any(|s| s.n > 1);
         for il in 0..self.model.hp.n_layer {
             self.block(il, &mut x, seqs)?;
         }
@@ -367,12 +420,36 @@ impl<'m> Forward<'m> {
         Ok(())
     }
 
+    /// The operators of the step in progress: a prompt-processing batch runs training-free
+    /// sparsity's operators densely unless sparse prefill is on.
+    fn ops(&self) -> Ops {
+        if self.prefill && !self.sparse_prefill {
+            let ffn_mode = match self.ffn_mode {
+                FfnMode::Cats => FfnMode::Dense,
+                mode => mode,
+            };
+            return Ops {
+                linear: Arc::new(DenseLinear),
+                offload: self.dense_offload.clone(),
+                ffn_mode,
+            };
+        }
+        Ops {
+            linear: self.linear.clone(),
+            offload: self.offload.clone(),
+            ffn_mode: self.ffn_mode,
+        }
+    }
+
     /// The FFN of layer `il`: `x` is the predictor's input, `h` the normed FFN input.
     fn feed_forward(&mut self, il: usize, x: &[f32], h: &[f32], n: usize) -> Result<Vec<f32>> {
+        let Ops {
+            offload, ffn_mode, ..
+        } = self.ops();
         feed_forward(
             self.model,
-            &*self.offload,
-            self.ffn_mode,
+            &*offload,
+            ffn_mode,
             il,
             x,
             h,
@@ -394,12 +471,14 @@ impl<'m> Forward<'m> {
         let n = h.len() / hp.n_embd;
         // The three projections run as one parallel region (nested rayon tasks), so the workers
         // synchronise once instead of three times.
+        let ops = self.ops();
+        let linear = &*ops.linear;
         let (q, (k, v)) = rayon::join(
-            || self.projection(&layer.wq, layer.bq.as_deref(), h, n),
+            || self.projection(linear, il, Proj::Q, layer.bq.as_deref(), h, n),
             || {
                 rayon::join(
-                    || self.projection(&layer.wk, layer.bk.as_deref(), h, n),
-                    || self.projection(&layer.wv, layer.bv.as_deref(), h, n),
+                    || self.projection(linear, il, Proj::K, layer.bk.as_deref(), h, n),
+                    || self.projection(linear, il, Proj::V, layer.bv.as_deref(), h, n),
                 )
             },
         );
@@ -465,21 +544,24 @@ impl<'m> Forward<'m> {
         jobs.into_par_iter().for_each(|(cache, n_past, q, out)| {
             attend(cache, il, &shape, q, n_past, out);
         });
-        self.projection(&layer.wo, layer.bo.as_deref(), &out, n)
+        self.projection(linear, il, Proj::O, layer.bo.as_deref(), &out, n)
     }
 
     fn norm_rows(&self, x: &[f32], norm: &Norm) -> Vec<f32> {
         norm_rows(&self.model.hp, norm, x)
     }
 
+    /// Layer `il`'s projection `which` of `x` (`n` rows) through `linear`, plus its bias.
     fn projection(
         &self,
-        w: &crate::model::Weight,
+        linear: &dyn Linear,
+        il: usize,
+        which: Proj,
         bias: Option<&[f32]>,
         x: &[f32],
         n: usize,
     ) -> Result<Vec<f32>> {
-        let mut y = self.matmul(w, x, n)?;
+        let mut y = linear.project(self.model, il, which, x, n)?;
         if let Some(b) = bias {
             y.chunks_exact_mut(b.len())
                 .for_each(|row| ops::add_assign(row, b));

@@ -186,10 +186,45 @@ pub struct HyperParams {
     pub sparse_thresholds: Vec<f32>,
     /// Training-free (CATS) thresholds per layer on `|act(gate)|`, from `hotcold.cats.thresholds`.
     pub cats_thresholds: Option<Vec<f32>>,
+    /// Training-free (TEAL) input thresholds per layer, in `engine::Proj::ALL` order (q, k, v, o,
+    /// gate, up, down), from `hotcold.teal.thresholds` (`n_layer × 7` floats, layer-major).
+    pub teal_thresholds: Option<Vec<[f32; 7]>>,
 }
 
 /// Metadata key of the per-layer CATS thresholds written by `calibrate --target-sparsity`.
 pub const CATS_THRESHOLDS_KEY: &str = "hotcold.cats.thresholds";
+
+/// Metadata key of the TEAL thresholds (`n_layer × 7` f32, layer-major; see `engine::teal`).
+pub const TEAL_THRESHOLDS_KEY: &str = "hotcold.teal.thresholds";
+
+/// The TEAL thresholds of `file`, when it has them: `n_layer` rows of seven non-negative floats.
+fn teal_thresholds(file: &GgufFile, n_layer: usize) -> Result<Option<Vec<[f32; 7]>>> {
+    let Some(a) = file.get_array(TEAL_THRESHOLDS_KEY)? else {
+        return Ok(None);
+    };
+    let bad = |message: String| Error::Metadata {
+        key: TEAL_THRESHOLDS_KEY.into(),
+        message,
+    };
+    let t = a
+        .to_f32_vec()
+        .ok_or_else(|| bad("expected an array of floats".into()))?;
+    if t.len() != n_layer * 7 {
+        return Err(bad(format!(
+            "{} values, expected {n_layer} layers × 7 matrices = {}",
+            t.len(),
+            n_layer * 7
+        )));
+    }
+    if let Some(v) = t.iter().find(|v| v.is_nan() || **v < 0.0) {
+        return Err(bad(format!("threshold {v} is not a non-negative number")));
+    }
+    Ok(Some(
+        t.chunks_exact(7)
+            .map(|c| c.try_into().expect("chunks of 7"))
+            .collect(),
+    ))
+}
 
 /// Metadata key of the per-layer predictor thresholds written by `calibrate`.
 pub const PREDICTOR_THRESHOLDS_KEY: &str = "hotcold.predictor.thresholds";
@@ -355,6 +390,7 @@ impl HyperParams {
                     }),
                 })
                 .transpose()?,
+            teal_thresholds: teal_thresholds(file, n_layer)?,
         })
     }
 

@@ -8,5 +8,7 @@ mod weights;
 
 pub use hparams::{
     Arch, FfnActivation, HyperParams, NormKind, CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY,
+    TEAL_THRESHOLDS_KEY,
 };
+pub(crate) use weights::transposed_as;
 pub use weights::{LayerWeights, Model, Norm, Predictor, Weight};

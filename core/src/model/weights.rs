@@ -306,6 +306,13 @@ impl Model {
 /// repack of Gemma's Q6_K down moved its logits by up to 1.20 from the dense path, F16 by 1.04,
 /// most of it the different rounding of the activations); F16 rounds each value once.
 pub(crate) fn transposed(m: &Matrix) -> Result<(GgmlType, Vec<u8>)> {
+    let ty = GgmlType::F16;
+    Ok((ty, transposed_as(m, ty)?))
+}
+
+/// `m` transposed (`m.cols` rows of `m.rows`), re-encoded as `ty` (whose block size must divide
+/// `m.rows`).
+pub(crate) fn transposed_as(m: &Matrix, ty: GgmlType) -> Result<Vec<u8>> {
     let mut dense = vec![0f32; m.rows * m.cols];
     for (r, row) in dense.chunks_exact_mut(m.cols).enumerate() {
         crate::cpu::dequantize_row(m, r, row)?;
@@ -316,10 +323,9 @@ pub(crate) fn transposed(m: &Matrix) -> Result<(GgmlType, Vec<u8>)> {
             t[c * m.rows + r] = dense[r * m.cols + c];
         }
     }
-    let ty = GgmlType::F16;
     let mut bytes = vec![0u8; ty.row_bytes(m.rows as u64)? as usize * m.cols];
     quant::quantize(ty, &t, &mut bytes)?;
-    Ok((ty, bytes))
+    Ok(bytes)
 }
 
 struct Loader<'a> {

@@ -146,7 +146,7 @@ impl SynthArch {
 }
 
 /// The names [`SynthConfig::preset`] accepts.
-pub const PRESETS: [&str; 3] = ["tiny", "small", "relullama-7b"];
+pub const PRESETS: [&str; 4] = ["tiny", "small", "relullama-7b", "llama2-7b-layers"];
 
 /// Everything that defines a synthetic model.
 #[derive(Clone, Debug)]
@@ -189,6 +189,8 @@ impl SynthConfig {
     /// - `relullama-7b`: ReluLLaMA-7B's shape: n_embd 4096, n_ff 11008, 32 layers, 32 heads,
     ///   vocab 32000, ctx 2048, rank 512 (1024 stored hidden units; about 14 GB in F16; [`write`]
     ///   streams it to disk one tensor at a time, holding about one layer in memory).
+    /// - `llama2-7b-layers`: four layers of Llama-2-7B's shape (n_embd 4096, n_ff 11008, 32
+    ///   heads), vocab 1000, ctx 512, rank 64: per-layer decode benchmarks (about 1.6 GB in F16).
     ///
     /// All default to `llama`, F16, sparsity 0.9, seed 0, Zipf exponent 1.2.
     pub fn preset(name: &str) -> Result<SynthConfig> {
@@ -196,6 +198,7 @@ impl SynthConfig {
             "tiny" => (128, 512, 2, 4, 4, 1000, 256, 16),
             "small" => (1024, 4096, 5, 16, 4, 3000, 1024, 64),
             "relullama-7b" => (4096, 11008, 32, 32, 32, 32000, 2048, 512),
+            "llama2-7b-layers" => (4096, 11008, 4, 32, 32, 1000, 512, 64),
             _ => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown synth preset {name:?} (expected one of {})",

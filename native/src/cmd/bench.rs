@@ -81,9 +81,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?;
         report(format!("tg{}", args.n_gen), &rates);
-        tg_mean = Some(rates.iter().sum::<f64>() / rates.len() as f64);
+        let tg = rates.iter().sum::<f64>() / rates.len() as f64;
+        tg_mean = Some(tg);
+        let head = loaded.pool.install(|| lm_head_secs(model, args.n_gen))?;
+        println!(
+            "decode {:.3} ms/token: LM head {:.3} ms, layers alone {:.3} ms/token",
+            1e3 / tg,
+            1e3 * head,
+            1e3 * (1.0 / tg - head)
+        );
     }
-    eprintln!("{}", super::common::density_summary(&session));
+    eprintln!("{}", super::common::sparsity_summary(&loaded, &session));
     // what the FFN mode really reads at the density measured above (predictor and chosen neurons)
     let bytes = session
         .ffn_density()
@@ -97,6 +105,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bandwidth / 1e9,
         roofline
     );
+    println!(
+        "layer weights read per decoded token (dense): {:.2} MiB",
+        (bytes - model.output.n_bytes()) as f64 / (1 << 20) as f64
+    );
     if let Some(tg) = tg_mean {
         println!(
             "tg{} = {:.1}% of the roofline",
@@ -105,6 +117,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Seconds of one decode step's final norm and LM head (mean of `reps`): subtracted from the
+/// decode time, it leaves the time of the layers alone.
+fn lm_head_secs(model: &hotcold_core::model::Model, reps: usize) -> anyhow::Result<f64> {
+    let hp = &model.hp;
+    let w = model.matrix(&model.output);
+    let x: Vec<f32> = (0..hp.n_embd)
+        .map(|i| ((i % 7) as f32 - 3.0) * 0.1)
+        .collect();
+    let mut y = vec![0f32; w.rows];
+    hotcold_core::cpu::matmul(&w, &x, 1, &mut y)?; // warm-up
+    let start = Instant::now();
+    for _ in 0..reps.max(1) {
+        let mut h = x.clone();
+        hotcold_core::cpu::ops::rms_norm(&mut h, &vec![1.0; hp.n_embd], hp.rms_eps);
+        hotcold_core::cpu::matmul(&w, &h, 1, &mut y)?;
+    }
+    Ok(start.elapsed().as_secs_f64() / reps.max(1) as f64)
 }
 
 /// Bytes per second at which the pool's threads can read the model's weights (best of three

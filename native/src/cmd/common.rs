@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use hotcold_core::engine::{default_ffn_mode, thread_pool, FfnMode, FfnOffload, Session};
+use hotcold_core::engine::{
+    default_ffn_mode, thread_pool, FfnMode, FfnOffload, Session, Teal, TealOptions,
+};
 use hotcold_core::gpu::forward::GpuModel;
 use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
@@ -28,9 +30,22 @@ pub struct ModelArgs {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// How the FFN picks its neurons: every neuron, the predictor's set, or the exact active set
-    /// (default: sparse when the file has predictors, else dense).
+    /// (default: sparse when the file has predictors, else dense). `sparse` on a file without
+    /// predictors uses its calibrated training-free thresholds (see `--sparsity-mode`).
     #[arg(long = "ffn", value_enum)]
     pub ffn: Option<FfnArg>,
+    /// Training-free sparsity for `--ffn sparse` (and for `calibrate --target-sparsity`): `cats`
+    /// (FFN neurons by gate activation) or `teal` (the input of every matrix); default: the
+    /// file's, TEAL when it has both.
+    #[arg(long = "sparsity-mode", value_enum)]
+    pub sparsity_mode: Option<SparsityModeArg>,
+    /// Apply training-free sparsity to prompt processing too (default: prompts run dense).
+    #[arg(long = "sparse-prefill")]
+    pub sparse_prefill: bool,
+    /// Type of TEAL's input-major weight copies (default: q8_0 for quantised matrices, f16/f32
+    /// for float ones).
+    #[arg(long = "teal-type", value_enum)]
+    pub teal_type: Option<TealTypeArg>,
     /// `--device`, `--vram-budget`.
     #[command(flatten)]
     pub device: super::device::DeviceArgs,
@@ -53,6 +68,45 @@ pub enum PredictorTypeArg {
     Q8_0,
 }
 
+/// `--sparsity-mode` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparsityModeArg {
+    /// CATS: gate dense, FFN neurons with a small gate activation skipped in up and down.
+    Cats,
+    /// TEAL: every matrix's input channels below their calibrated threshold skipped.
+    Teal,
+}
+
+/// `--teal-type` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TealTypeArg {
+    /// 32-bit floats.
+    F32,
+    /// 16-bit floats.
+    F16,
+    /// ggml Q8_0 blocks over 32 outputs.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// ggml Q5_0 blocks over 32 outputs.
+    #[value(name = "q5_0")]
+    Q5_0,
+    /// ggml Q4_0 blocks over 32 outputs.
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl From<TealTypeArg> for GgmlType {
+    fn from(t: TealTypeArg) -> GgmlType {
+        match t {
+            TealTypeArg::F32 => GgmlType::F32,
+            TealTypeArg::F16 => GgmlType::F16,
+            TealTypeArg::Q8_0 => GgmlType::Q8_0,
+            TealTypeArg::Q5_0 => GgmlType::Q5_0,
+            TealTypeArg::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+}
+
 /// `--ffn` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum FfnArg {
@@ -62,7 +116,8 @@ pub enum FfnArg {
     Sparse,
     /// The neurons that really fire (gate dense, the rest sparse).
     Oracle,
-    /// Training-free sparsity: skip neurons whose gate activation is below the calibrated threshold.
+    /// Training-free sparsity: skip neurons whose gate activation is below the calibrated
+    /// threshold (the same as `--ffn sparse --sparsity-mode cats`).
     Cats,
 }
 
@@ -142,6 +197,10 @@ pub struct Loaded {
     pub offload: Arc<dyn FfnOffload>,
     /// The whole model on the GPU (`--device gpu` without a smaller `--vram-budget`).
     pub gpu_model: Option<Arc<GpuModel>>,
+    /// TEAL's operators, when `--ffn sparse` chose TEAL.
+    pub teal: Option<Arc<Teal>>,
+    /// `--sparse-prefill`.
+    pub sparse_prefill: bool,
 }
 
 impl Loaded {
@@ -155,6 +214,10 @@ impl Loaded {
         if let Some(gpu) = &self.gpu_model {
             session.set_gpu_model(gpu.clone())?;
         }
+        if let Some(teal) = &self.teal {
+            session.set_teal(teal.clone());
+        }
+        session.set_sparse_prefill(self.sparse_prefill);
         Ok(session)
     }
 
@@ -162,6 +225,25 @@ impl Loaded {
     pub fn session(&self) -> anyhow::Result<Session<'_>> {
         self.session_with_ctx(self.n_ctx)
     }
+}
+
+/// The FFN density of a session and, in TEAL mode, the skipped share of every layer's inputs
+/// (for the timings on stderr).
+pub fn sparsity_summary(loaded: &Loaded, session: &Session) -> String {
+    let mut out = density_summary(session);
+    if let Some(teal) = &loaded.teal {
+        let stats = teal.stats();
+        out.push_str(&format!(
+            "\nteal: model sparsity {:.3}, input-major weights read per token {:.2} MiB",
+            stats.model_sparsity(),
+            stats.bytes_per_token() / (1 << 20) as f64
+        ));
+        for line in stats.per_layer_lines() {
+            out.push_str("\nteal ");
+            out.push_str(&line);
+        }
+    }
+    out
 }
 
 /// A one-line summary of the FFN density of a session (for the timings on stderr).
@@ -203,7 +285,8 @@ impl ModelArgs {
         let path = model_arg::resolve(self.model.clone(), default)?;
         let mut model =
             Model::open(&path).with_context(|| format!("cannot load {}", path.display()))?;
-        if matches!(self.ffn, Some(FfnArg::Cats | FfnArg::Oracle)) {
+        let ffn = self.resolve_ffn(&model)?;
+        if matches!(ffn, Some(Ffn::Mode(FfnMode::Cats | FfnMode::Oracle))) {
             // The sparse axpy needs the down projection neuron-major.
             model.repack_down_t()?;
         }
@@ -229,9 +312,34 @@ impl ModelArgs {
         let pool = thread_pool(threads)?;
         let n_ctx = self.ctx_size.unwrap_or(model.hp.n_ctx_train.min(4096));
         anyhow::ensure!(n_ctx > 0, "-c must be at least 1");
-        let ffn = self.ffn.map(FfnMode::from);
-        let mode = ffn.unwrap_or_else(|| default_ffn_mode(&model));
-        let placement = self.device.place(&model, mode, resident)?;
+        let teal = match ffn {
+            Some(Ffn::Teal) => {
+                let opts = TealOptions {
+                    repack: self.teal_type.map(GgmlType::from),
+                    sparse_prefill: self.sparse_prefill,
+                };
+                let teal = pool.install(|| Teal::new(&model, opts))?;
+                eprintln!(
+                    "teal: input-major copies {:.1} MiB",
+                    teal.repacked_bytes() as f64 / (1 << 20) as f64
+                );
+                Some(Arc::new(teal))
+            }
+            _ => None,
+        };
+        let placement = match (&teal, ffn) {
+            (Some(_), _) => {
+                anyhow::ensure!(
+                    self.device.device != super::device::DeviceArg::Gpu,
+                    "TEAL's input-sparse operators run on the CPU: use --device cpu or auto"
+                );
+                super::device::Placement::cpu("device: cpu (TEAL runs on the CPU)")
+            }
+            (None, Some(Ffn::Mode(mode))) => self.device.place(&model, mode, resident)?,
+            (None, _) => self
+                .device
+                .place(&model, default_ffn_mode(&model), resident)?,
+        };
         let note = &placement.note;
         if self.device.device != super::device::DeviceArg::Auto || note != "device: cpu" {
             eprintln!("{note}");
@@ -242,9 +350,59 @@ impl ModelArgs {
             pool,
             n_ctx,
             load_secs: start.elapsed().as_secs_f64(),
-            ffn,
+            ffn: match ffn {
+                Some(Ffn::Mode(mode)) => Some(mode),
+                Some(Ffn::Teal) | None => None,
+            },
             offload: placement.offload,
             gpu_model: placement.gpu_model,
+            teal,
+            sparse_prefill: self.sparse_prefill,
         })
     }
+
+    /// What `--ffn` and `--sparsity-mode` ask of `model`: `--ffn sparse` is PowerInfer's
+    /// predictor when every layer has one, else the training-free mode `--sparsity-mode` names
+    /// or the file has thresholds for (TEAL first); `--ffn cats` is CATS.
+    fn resolve_ffn(&self, model: &Model) -> anyhow::Result<Option<Ffn>> {
+        let hp = &model.hp;
+        let chosen = match (self.ffn, self.sparsity_mode) {
+            (Some(FfnArg::Cats), None | Some(SparsityModeArg::Cats)) => SparsityModeArg::Cats,
+            (Some(FfnArg::Cats), Some(SparsityModeArg::Teal)) => {
+                anyhow::bail!("--ffn cats contradicts --sparsity-mode teal (use --ffn sparse)")
+            }
+            (Some(FfnArg::Sparse), Some(mode)) => mode,
+            (Some(FfnArg::Sparse), None) => {
+                if model.layers.iter().all(|l| l.predictor.is_some()) {
+                    return Ok(Some(Ffn::Mode(FfnMode::Sparse)));
+                }
+                if hp.teal_thresholds.is_some() {
+                    SparsityModeArg::Teal
+                } else if hp.cats_thresholds.is_some() {
+                    SparsityModeArg::Cats
+                } else {
+                    anyhow::bail!(
+                        "--ffn sparse needs a predictor (blk.N.fc1/fc2) in every layer or training-free thresholds from `hotcold calibrate --target-sparsity`; use --ffn oracle or dense"
+                    )
+                }
+            }
+            (_, Some(_)) => {
+                anyhow::bail!("--sparsity-mode applies to --ffn sparse")
+            }
+            (ffn, _) => return Ok(ffn.map(|f| Ffn::Mode(f.into()))),
+        };
+        Ok(Some(match chosen {
+            SparsityModeArg::Cats => Ffn::Mode(FfnMode::Cats),
+            SparsityModeArg::Teal => Ffn::Teal,
+        }))
+    }
+}
+
+/// The FFN set-up `--ffn` and `--sparsity-mode` resolve to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ffn {
+    /// A session FFN mode.
+    Mode(FfnMode),
+    /// TEAL's operators on every matrix.
+    Teal,
 }

@@ -80,6 +80,17 @@ pub struct Placement {
     pub note: String,
 }
 
+impl Placement {
+    /// Everything on the CPU, with `note` for stderr.
+    pub fn cpu(note: &str) -> Placement {
+        Placement {
+            offload: Arc::new(CpuFfn),
+            gpu_model: None,
+            note: note.into(),
+        }
+    }
+}
+
 impl DeviceArgs {
     /// Where these flags put `model` in FFN mode `mode`. With `resident` false (batched decoding,
     /// which the resident pass does not run) a GPU only ever takes the FFN.
@@ -98,11 +109,7 @@ impl DeviceArgs {
                 Some(_) => "device: cpu (no hardware GPU found; --vram-budget unused)",
                 None => "device: cpu",
             };
-            return Ok(Placement {
-                offload: Arc::new(CpuFfn),
-                gpu_model: None,
-                note: note.into(),
-            });
+            return Ok(Placement::cpu(note));
         };
         let software = if ctx.is_software() {
             " [software: timings mean nothing]"

@@ -45,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         |s| eprint!("[{}]{:.4},", s.chunks, s.perplexity),
     )?;
     eprintln!();
-    eprintln!("{}", super::common::density_summary(&session));
+    eprintln!("{}", super::common::sparsity_summary(&loaded, &session));
     println!("PPL = {ppl:.4}");
     Ok(())
 }

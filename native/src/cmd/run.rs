@@ -83,6 +83,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.pool.current_num_threads(),
         hotcold_core::cpu::simd_level()
     );
-    eprintln!("{}", super::common::density_summary(&session));
+    eprintln!("{}", super::common::sparsity_summary(&loaded, &session));
     Ok(())
 }

@@ -11,7 +11,7 @@ use hotcold_core::synth::{self, SynthArch, SynthConfig};
 /// Arguments of `hotcold synth`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model shape: tiny (< 2 MB), small (~170 MB in F16), relullama-7b (ReluLLaMA-7B's shape).
+    /// Model shape: tiny (< 2 MB), small (~170 MB in F16), relullama-7b (ReluLLaMA-7B's shape), llama2-7b-layers (4 layers of Llama-2-7B's shape).
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Architecture: llama (ReLU gate × up), bamboo (dReLU), falcon (parallel attention,

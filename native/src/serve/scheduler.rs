@@ -153,6 +153,10 @@ impl Scheduler {
                             return;
                         }
                     }
+                    if let Some(teal) = &loaded.teal {
+                        batch.set_teal(teal.clone());
+                    }
+                    batch.set_sparse_prefill(loaded.sparse_prefill);
                     let _ = ready_tx.send(Ok(()));
                     let mut thread = ModelThread {
                         loaded: &loaded,

@@ -2,23 +2,26 @@
 //! - ReLU / dReLU models: (input, active neurons) pairs train a PowerInfer-shape predictor per
 //!   layer; the output is a PowerInfer-readable file with the predictors and the per-neuron
 //!   activation frequencies.
-//! - Dense SwiGLU / GeGLU models, with `--target-sparsity S`: CATS thresholds per layer, the
-//!   `S`-quantile of `|act(gate)|`, written as `hotcold.cats.thresholds`; weights untouched.
+//! - Dense SwiGLU / GeGLU models, with `--target-sparsity S`: training-free thresholds, weights
+//!   untouched: CATS ([`cats`], `--sparsity-mode cats`, the default) or TEAL ([`teal`],
+//!   `--sparsity-mode teal`).
+
+mod cats;
+mod teal;
 
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use hotcold_core::engine::{FfnMode, FfnObserver, FfnTrace, Logits};
+use hotcold_core::engine::{Allocation, FfnMode, FfnObserver, FfnTrace, Logits, Session};
 use hotcold_core::gguf::{GgufWriter, Magic, MetaArray, MetaValue};
-use hotcold_core::model::{CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY};
+use hotcold_core::model::PREDICTOR_THRESHOLDS_KEY;
 use hotcold_core::models::DefaultModel;
 use hotcold_core::placement::FREQUENCY_KEY_PREFIX;
 use hotcold_core::predictor::{evaluate, train, PredictorMetrics, Samples, TrainConfig};
 use hotcold_core::quant::{self, GgmlType};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::Path;
 
-use super::common::{Loaded, ModelArgs};
+use super::common::{Loaded, ModelArgs, SparsityModeArg};
 
 /// Arguments of `hotcold calibrate`.
 #[derive(clap::Args)]
@@ -46,18 +49,32 @@ pub struct Args {
     /// Seed of the split and the initialisation.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// For dense (non-ReLU) models: the fraction of FFN neurons to skip per token (CATS).
+    /// For dense (non-ReLU) models: the fraction to skip per token, of the FFN neurons (CATS) or
+    /// of every block's weights (TEAL, `--sparsity-mode teal`).
     #[arg(long)]
     target_sparsity: Option<f64>,
+    /// How TEAL shares a block's target among its matrices: `greedy` (TEAL's, by added output
+    /// error) or `uniform` (the target for every matrix).
+    #[arg(long, value_enum, default_value = "greedy")]
+    teal_allocation: AllocationArg,
 }
 
-/// Gate activations kept per layer for the CATS quantiles (a strided subsample beyond this).
-const MAX_GATE_SAMPLES: usize = 1 << 21;
+/// `--teal-allocation` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum AllocationArg {
+    /// TEAL's greedy allocation by added output error.
+    Greedy,
+    /// The same sparsity for every matrix.
+    Uniform,
+}
 
 /// Runs `hotcold calibrate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
     model_args.ctx_size = Some(model_args.ctx_size.unwrap_or(512));
+    // here --sparsity-mode picks what to calibrate; the model loads dense
+    let mode = model_args.sparsity_mode.take();
+    model_args.ffn = None;
     let mut loaded = model_args.load(DefaultModel::Gemma3_270m)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
@@ -70,10 +87,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(sparsity) = args.target_sparsity {
         anyhow::ensure!(
             (0.0..1.0).contains(&sparsity),
-            "--target-sparsity must be in [0, 1)"
+            "--target-sparsity must be in [0, 1), got {sparsity}"
         );
-        return calibrate_cats(&loaded, &tokens, sparsity, &args.output);
+        return match mode {
+            None | Some(SparsityModeArg::Cats) => {
+                cats::calibrate(&loaded, &tokens, sparsity, &args.output)
+            }
+            Some(SparsityModeArg::Teal) => {
+                let how = match args.teal_allocation {
+                    AllocationArg::Greedy => Allocation::Greedy,
+                    AllocationArg::Uniform => Allocation::Uniform,
+                };
+                teal::calibrate(&loaded, &tokens, sparsity, how, &args.output)
+            }
+        };
     }
+    anyhow::ensure!(mode.is_none(), "--sparsity-mode needs --target-sparsity");
     anyhow::ensure!(
         loaded.model.hp.ffn_act.is_relu(),
         "{:?} activations are never exactly zero: use --target-sparsity for training-free sparsity",
@@ -188,7 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn progress(len: u64, what: &'static str) -> ProgressBar {
+pub(super) fn progress(len: u64, what: &'static str) -> ProgressBar {
     let bar = ProgressBar::new(len);
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({eta})")
@@ -209,10 +238,21 @@ fn put_f16(w: &mut GgufWriter, name: &str, shape: &[u64], data: &[f32]) -> anyho
 }
 
 /// Evaluates `tokens` chunk by chunk on the dense FFN with `observer` installed.
-fn trace(loaded: &Loaded, tokens: &[u32], observer: FfnObserver) -> anyhow::Result<()> {
+pub(super) fn trace(loaded: &Loaded, tokens: &[u32], observer: FfnObserver) -> anyhow::Result<()> {
+    trace_with(loaded, tokens, |session| {
+        session.set_ffn_observer(Some(observer))
+    })
+}
+
+/// Evaluates `tokens` chunk by chunk on a dense session that `setup` first adjusts.
+pub(super) fn trace_with(
+    loaded: &Loaded,
+    tokens: &[u32],
+    setup: impl FnOnce(&mut Session),
+) -> anyhow::Result<()> {
     let mut session = loaded.session()?;
     session.set_ffn_mode(FfnMode::Dense)?;
-    session.set_ffn_observer(Some(observer));
+    setup(&mut session);
     let bar = progress(tokens.len() as u64, "tracing");
     for chunk in tokens.chunks(loaded.n_ctx) {
         session.truncate(0);
@@ -220,58 +260,5 @@ fn trace(loaded: &Loaded, tokens: &[u32], observer: FfnObserver) -> anyhow::Resu
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    Ok(())
-}
-
-/// CATS: per layer, the `sparsity`-quantile of `|act(gate)|` over the text becomes the threshold
-/// below which a neuron is skipped.
-fn calibrate_cats(
-    loaded: &Loaded,
-    tokens: &[u32],
-    sparsity: f64,
-    output: &Path,
-) -> anyhow::Result<()> {
-    let hp = &loaded.model.hp;
-    let act = hp.ffn_act;
-    let stride = (tokens.len() * hp.n_ff).div_ceil(MAX_GATE_SAMPLES).max(1);
-    let magnitudes: Arc<Mutex<Vec<Vec<f32>>>> = Arc::new(Mutex::new(vec![Vec::new(); hp.n_layer]));
-    let sink = magnitudes.clone();
-    trace(
-        loaded,
-        tokens,
-        Box::new(move |t: &FfnTrace| {
-            let gate = t.gate.expect("the dense FFN computes the gate");
-            let mut all = sink.lock().expect("trace lock");
-            all[t.layer].extend(gate.iter().step_by(stride).map(|&g| act.gate(g).abs()));
-        }),
-    )?;
-    let mut magnitudes = Arc::try_unwrap(magnitudes)
-        .map_err(|_| anyhow::anyhow!("trace still shared"))?
-        .into_inner()
-        .expect("trace lock");
-    let thresholds: Vec<f32> = magnitudes
-        .iter_mut()
-        .map(|m| {
-            let k = ((m.len() as f64 * sparsity) as usize).min(m.len() - 1);
-            *m.select_nth_unstable_by(k, f32::total_cmp).1
-        })
-        .collect();
-    for (il, t) in thresholds.iter().enumerate() {
-        eprintln!("layer {il:>3}: |act(gate)| threshold {t:.6}");
-    }
-    let mut writer = GgufWriter::from_file(loaded.model.file());
-    writer.set(
-        CATS_THRESHOLDS_KEY,
-        MetaValue::Array(MetaArray::F32(thresholds)),
-    );
-    writer.set(
-        "hotcold.cats.target_sparsity",
-        MetaValue::F32(sparsity as f32),
-    );
-    writer.write_file(output)?;
-    println!(
-        "cats thresholds for target sparsity {sparsity} written to {}",
-        output.display()
-    );
     Ok(())
 }

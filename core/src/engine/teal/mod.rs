@@ -1,0 +1,331 @@
+//! TEAL (Liu et al. 2024, "Training-Free Activation Sparsity in Large Language Models"): the input
+//! of every matrix of a block is thresholded by magnitude, `x_i := 0` when `|x_i| < t`, with one
+//! calibrated threshold per layer and matrix; a zero input channel `i` skips column `i` of the
+//! weight. To make that skip a skip of memory, [`Teal::new`] repacks the weights of `Q`, `K`, `V`,
+//! `O`, gate, up and down input-major at load (one contiguous row of `n_out` values per input
+//! channel, quantised along the output dimension, see [`repack_type`]) and each product becomes
+//! the column-sparse `y = Σ_{i kept} x_i · W[:, i]`, i.e. [`cpu::sparse_axpy`] over the repacked
+//! matrix (AVX2/AVX-512 with a scalar fallback, parallel over fixed output ranges, deterministic:
+//! the same kernel as the FFN's neuron-major down projection). Only a session in TEAL mode pays the
+//! memory of the copies.
+//!
+//! Prompt processing (a forward batch with more than one row for a sequence) stays dense unless
+//! the session asks for sparse prefill (TEAL reports that sparsifying prefill hurts).
+//!
+//! ## Metadata (written by `hotcold calibrate --sparsity-mode teal`)
+//! - [`TEAL_THRESHOLDS_KEY`] `hotcold.teal.thresholds`: `n_layer × 7` f32, layer-major, in
+//!   [`Proj::ALL`] order (q, k, v, o, gate, up, down): channel `i` of the matrix's input is
+//!   skipped when `|x_i| <` the threshold.
+//! - [`TEAL_TARGET_KEY`] `hotcold.teal.target_sparsity`: the model-wide target the thresholds were
+//!   calibrated for (f32, informational).
+//! - [`TEAL_SPARSITY_KEY`] `hotcold.teal.sparsity`: the calibrated skipped fraction per layer and
+//!   matrix, same layout as the thresholds (informational).
+
+mod allocate;
+mod histogram;
+mod record;
+mod stats;
+
+use rayon::prelude::*;
+
+pub use allocate::Allocation;
+pub use histogram::MagnitudeHistogram;
+pub use record::{TealCalibration, TealRecorder};
+use stats::Counters;
+pub use stats::TealStats;
+
+use super::linear::{dense_project, Linear, Proj};
+use super::offload::{CpuFfn, FfnOffload, FfnTensor};
+use crate::cpu::{self, Matrix};
+use crate::model::Model;
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+pub use crate::model::TEAL_THRESHOLDS_KEY;
+/// Metadata key of the model-wide target sparsity the TEAL thresholds were calibrated for.
+pub const TEAL_TARGET_KEY: &str = "hotcold.teal.target_sparsity";
+/// Metadata key of the calibrated skipped fraction per layer and matrix.
+pub const TEAL_SPARSITY_KEY: &str = "hotcold.teal.sparsity";
+
+/// The error for TEAL on a file without calibrated thresholds.
+pub const TEAL_NEEDS_THRESHOLDS: &str =
+    "TEAL needs thresholds from `hotcold calibrate --target-sparsity S --sparsity-mode teal` (hotcold.teal.thresholds)";
+
+/// How [`Teal::new`] builds its operators.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TealOptions {
+    /// The type of the input-major copies (default: [`repack_type`] of each matrix).
+    pub repack: Option<GgmlType>,
+    /// Threshold prompt processing too (default: batches of more than one row run dense).
+    pub sparse_prefill: bool,
+}
+
+/// One matrix stored input-major: `n_in` rows of `n_out` values.
+struct InputMajor {
+    ty: GgmlType,
+    n_in: usize,
+    n_out: usize,
+    bytes: Vec<u8>,
+}
+
+impl InputMajor {
+    fn matrix(&self) -> Matrix<'_> {
+        Matrix {
+            ty: self.ty,
+            rows: self.n_in,
+            cols: self.n_out,
+            data: &self.bytes,
+        }
+    }
+
+    /// Bytes of one input channel's column.
+    fn column_bytes(&self) -> usize {
+        self.bytes.len() / self.n_in.max(1)
+    }
+}
+
+/// TEAL's sparse operators for one model: thresholds, input-major weights and counters of the
+/// channels kept. Install it on a session with [`Session::set_teal`](super::Session::set_teal).
+pub struct Teal {
+    thresholds: Vec<[f32; 7]>,
+    mats: Vec<[InputMajor; 7]>,
+    sparse_prefill: bool,
+    counters: Counters,
+}
+
+/// The input-major type for a matrix of `src` weights with `n_out` outputs: F32 stays F32, F16 and
+/// BF16 become F16, a quantised type becomes Q8_0 (blocks of 32 outputs of one input channel; F16
+/// when 32 does not divide `n_out`). Re-quantising regroups the values into new blocks and rounds
+/// them a second time; measured on Gemma 3 270M Q4_K_M at threshold 0 (held-out perplexity, dense
+/// 2.443): F32 copies 2.299, Q8_0 2.289, Q5_0 6.62, Q4_0 23.9. A 4- or 5-bit copy would read fewer
+/// bytes but costs far more quality than the sparsity itself, so Q8_0 it is (`--teal-type`
+/// overrides it).
+pub fn repack_type(src: GgmlType, n_out: usize) -> GgmlType {
+    match src {
+        GgmlType::F32 => GgmlType::F32,
+        GgmlType::F16 | GgmlType::BF16 => GgmlType::F16,
+        _ if !n_out.is_multiple_of(32) => GgmlType::F16,
+        _ => GgmlType::Q8_0,
+    }
+}
+
+impl Teal {
+    /// TEAL for `model` with the file's thresholds (an error when it has none).
+    pub fn new(model: &Model, opts: TealOptions) -> Result<Teal> {
+        let thresholds = model
+            .hp
+            .teal_thresholds
+            .clone()
+            .ok_or_else(|| Error::InvalidArgument(TEAL_NEEDS_THRESHOLDS.into()))?;
+        Teal::with_thresholds(model, thresholds, opts)
+    }
+
+    /// TEAL for `model` with the given thresholds (one row of seven per layer).
+    pub fn with_thresholds(
+        model: &Model,
+        thresholds: Vec<[f32; 7]>,
+        opts: TealOptions,
+    ) -> Result<Teal> {
+        let n_layer = model.hp.n_layer;
+        if thresholds.len() != n_layer {
+            return Err(Error::InvalidArgument(format!(
+                "{} rows of TEAL thresholds for {n_layer} layers",
+                thresholds.len()
+            )));
+        }
+        if let Some(t) = thresholds
+            .iter()
+            .flatten()
+            .find(|t| t.is_nan() || **t < 0.0)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "TEAL threshold {t} is not a non-negative number"
+            )));
+        }
+        let mats = (0..n_layer)
+            .into_par_iter()
+            .map(|il| repack_layer(model, il, opts.repack))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Teal {
+            thresholds,
+            mats,
+            sparse_prefill: opts.sparse_prefill,
+            counters: Counters::new(n_layer),
+        })
+    }
+
+    /// The channels kept and the bytes read so far, per layer and matrix.
+    pub fn stats(&self) -> TealStats {
+        let sizes: Vec<[(usize, usize, usize); 7]> = self
+            .mats
+            .iter()
+            .map(|l| std::array::from_fn(|p| (l[p].n_in, l[p].n_out, l[p].column_bytes())))
+            .collect();
+        self.counters.snapshot(&sizes)
+    }
+
+    /// Forgets the counts so far (e.g. after a warm-up).
+    pub fn reset_stats(&self) {
+        self.counters.reset();
+    }
+
+    /// Bytes of the input-major copies.
+    pub fn repacked_bytes(&self) -> u64 {
+        self.mats
+            .iter()
+            .flatten()
+            .map(|m| m.bytes.len() as u64)
+            .sum()
+    }
+
+    /// `W · x` with the inputs below the threshold skipped (`n` rows; dense for a batch of more
+    /// than one row unless sparse prefill is on).
+    fn sparse_project(
+        &self,
+        model: &Model,
+        il: usize,
+        which: Proj,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        if n > 1 && !self.sparse_prefill {
+            return dense_project(model, il, which, x, n);
+        }
+        self.column_sparse(il, which, x, n)
+    }
+
+    /// The column-sparse product: `x` thresholded, then `Σ_{i kept} x_i · W[:, i]` over the
+    /// input-major copy.
+    fn column_sparse(&self, il: usize, which: Proj, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let m = &self.mats[il][which.index()];
+        if x.len() != n * m.n_in {
+            return Err(Error::InvalidArgument(format!(
+                "{} inputs for {n} rows of {} (blk.{il}.{})",
+                x.len(),
+                m.n_in,
+                which.name()
+            )));
+        }
+        let t = self.thresholds[il][which.index()];
+        let mut xs = x.to_vec();
+        let mut kept = 0u64;
+        for v in &mut xs {
+            if v.abs() < t {
+                *v = 0.0;
+            } else {
+                kept += 1;
+            }
+        }
+        self.counters.add(il, which, kept, (n * m.n_in) as u64);
+        let mut y = vec![0f32; n * m.n_out];
+        cpu::sparse_axpy(&m.matrix(), &xs, n, &mut y)?;
+        Ok(y)
+    }
+}
+
+/// Layer `il`'s seven matrices input-major.
+fn repack_layer(model: &Model, il: usize, ty: Option<GgmlType>) -> Result<[InputMajor; 7]> {
+    let layer = &model.layers[il];
+    let mut out = Vec::with_capacity(7);
+    for p in Proj::ALL {
+        if let (Proj::Down, None, Some(w_t)) = (p, &layer.down, &layer.down_t) {
+            // PowerInfer's files store down neuron-major: already input-major
+            let ty = ty.unwrap_or_else(|| repack_type(w_t.ty, w_t.cols));
+            out.push(InputMajor {
+                ty,
+                n_in: w_t.rows,
+                n_out: w_t.cols,
+                bytes: reencode(&model.matrix(w_t), ty)?,
+            });
+            continue;
+        }
+        let w = p.weight(layer).ok_or_else(|| Error::Tensor {
+            tensor: format!("blk.{il}.{}.weight", p.name()),
+            message: "TEAL needs every matrix of the block row-major (gate, up and ffn_down)"
+                .into(),
+        })?;
+        let ty = ty.unwrap_or_else(|| repack_type(w.ty, w.rows));
+        let bytes =
+            crate::model::transposed_as(&model.matrix(w), ty).map_err(|e| Error::Tensor {
+                tensor: w.name.clone(),
+                message: format!("cannot repack input-major as {}: {e}", ty.name()),
+            })?;
+        out.push(InputMajor {
+            ty,
+            n_in: w.cols,
+            n_out: w.rows,
+            bytes,
+        });
+    }
+    Ok(out
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("seven matrices")))
+}
+
+/// The rows of `m` re-encoded as `ty` (a copy when it already is `ty`).
+fn reencode(m: &Matrix, ty: GgmlType) -> Result<Vec<u8>> {
+    if m.ty == ty {
+        return Ok(m.data.to_vec());
+    }
+    let row_bytes = ty.row_bytes(m.cols as u64)? as usize;
+    let mut bytes = vec![0u8; row_bytes * m.rows];
+    let mut row = vec![0f32; m.cols];
+    for (r, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+        cpu::dequantize_row(m, r, &mut row)?;
+        crate::quant::quantize(ty, &row, dst)?;
+    }
+    Ok(bytes)
+}
+
+impl Linear for Teal {
+    fn project(
+        &self,
+        model: &Model,
+        il: usize,
+        which: Proj,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        self.sparse_project(model, il, which, x, n)
+    }
+}
+
+/// The FFN's products: gate, up and down through the sparse operator; the gathers of the
+/// predictor-driven modes stay on the CPU's dense rows.
+impl FfnOffload for Teal {
+    fn matmul(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let p = Proj::from(which);
+        self.sparse_project(model, il, p, x, n)
+    }
+
+    fn gather(
+        &self,
+        model: &Model,
+        il: usize,
+        which: FfnTensor,
+        rows: &[u32],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        CpuFfn.gather(model, il, which, rows, x, n)
+    }
+
+    /// Files with a neuron-major down (no row-major one) reach down here: thresholded like the
+    /// other inputs, over TEAL's copy of it.
+    fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
+        if n > 1 && !self.sparse_prefill {
+            return CpuFfn.down_axpy(model, il, a, n);
+        }
+        self.column_sparse(il, Proj::Down, a, n)
+    }
+}
+
+#[cfg(test)]
+mod tests;
