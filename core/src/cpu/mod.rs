@@ -438,6 +438,31 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// Writes a kernel's `nr × nt` tile (rows `col..col + nr` for tokens `t0..t0 + nt`) into the
+    /// `n_tokens × width` output, token-major.
+    ///
+    /// # Safety
+    /// `t0 + nt <= n_tokens` and `col + nr <= width` for the output this points to, and no other
+    /// task writes those elements meanwhile.
+    unsafe fn store_tile(
+        &self,
+        tile: &[f32],
+        nr: usize,
+        nt: usize,
+        t0: usize,
+        width: usize,
+        col: usize,
+    ) {
+        for i in 0..nr {
+            for t in 0..nt {
+                // SAFETY: in bounds by the caller's contract.
+                unsafe { *self.0.add((t0 + t) * width + col + i) = tile[i * NT + t] };
+            }
+        }
+    }
+}
+
 thread_local! {
     /// Reused quantised-activation buffers (taken out during a call, so nested calls just allocate).
     static SCRATCH: std::cell::Cell<Option<Box<Acts>>> = const { std::cell::Cell::new(None) };
@@ -530,13 +555,9 @@ fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f
                     nt,
                     &mut tile,
                 );
-                for i in 0..nr {
-                    for t in 0..nt {
-                        // SAFETY: (t0 + t) < n_tokens and r + i < rows, so the index is inside
-                        // y (length n_tokens * rows); rows r0..r1 belong to this task alone.
-                        unsafe { *out.0.add((t0 + t) * rows + r + i) = tile[i * NT + t] };
-                    }
-                }
+                // SAFETY: t0 + nt <= n_tokens and r + nr <= rows, so the tile is inside y
+                // (length n_tokens * rows); rows r0..r1 belong to this task alone.
+                unsafe { out.store_tile(&tile, nr, nt, t0, rows, r) };
                 r += nr;
             }
             t0 += nt;
@@ -594,12 +615,8 @@ fn run_rows_packed(
             while r < r1 {
                 let nr = (r1 - r).min(MR);
                 pk(&packed, r - r0, nr, acts, t0, nt, &mut tile);
-                for i in 0..nr {
-                    for t in 0..nt {
-                        // SAFETY: as in run_rows: in bounds, and rows r0..r1 are this task's.
-                        unsafe { *out.0.add((t0 + t) * rows + r + i) = tile[i * NT + t] };
-                    }
-                }
+                // SAFETY: as in run_rows: in bounds, and rows r0..r1 are this task's.
+                unsafe { out.store_tile(&tile, nr, nt, t0, rows, r) };
                 r += nr;
             }
             t0 += nt;

@@ -207,13 +207,9 @@ unsafe fn gather_rows_range(
                 nt,
                 &mut tile,
             );
-            for i in 0..nr {
-                for t in 0..nt {
-                    // SAFETY: t0 + t < n_tokens and k + i < k1 <= n, so the index is inside
-                    // out's n_tokens * n values, in the range k0..k1 the caller gave this call.
-                    unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
-                }
-            }
+            // SAFETY: t0 + nt <= n_tokens and k + nr <= k1 <= n, so the tile is inside out's
+            // n_tokens * n values, in the range k0..k1 the caller gave this call.
+            unsafe { out.store_tile(&tile, nr, nt, t0, n, k) };
             k += nr;
         }
         t0 += nt;
@@ -268,12 +264,8 @@ fn gather_packed(
             while k < k1 {
                 let nr = (k1 - k).min(MR);
                 pk(&packed, k - k0, nr, acts, t0, nt, &mut tile);
-                for i in 0..nr {
-                    for t in 0..nt {
-                        // SAFETY: as in gather_rows: in bounds, and k0..k1 are this task's.
-                        unsafe { *out.0.add((t0 + t) * n + k + i) = tile[i * NT + t] };
-                    }
-                }
+                // SAFETY: as in gather_rows: in bounds, and k0..k1 are this task's.
+                unsafe { out.store_tile(&tile, nr, nt, t0, n, k) };
                 k += nr;
             }
             t0 += nt;
