@@ -29,7 +29,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> S: array<f32>;
 // Outputs, n_tokens × n_head × head_dim_v.
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
-@group(0) @binding(5) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 var<workgroup> partial: array<f32, 256>;
 

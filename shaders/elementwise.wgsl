@@ -22,7 +22,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> Y: array<f32>;
 // ggml's GELU table: the f16 of gelu_tanh(x) for every f16 x, two per u32.
 @group(0) @binding(2) var<storage, read> GELU: array<u32>;
-@group(0) @binding(3) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 fn gelu(x: f32) -> f32 {
     if (x <= -10.0) {

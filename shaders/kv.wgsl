@@ -14,7 +14,7 @@ struct Params {
 @group(0) @binding(0) var<storage, read> X: array<f32>;
 // The cache: f16 pairs per u32, position-major.
 @group(0) @binding(1) var<storage, read_write> C: array<u32>;
-@group(0) @binding(2) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 @compute @workgroup_size(WG)
 fn store(@builtin(global_invocation_id) gid: vec3<u32>) {

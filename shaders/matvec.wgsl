@@ -45,7 +45,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> XB: array<i32>;
 @group(0) @binding(5) var<storage, read> IDX: array<u32>;
 @group(0) @binding(6) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(7) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 var<workgroup> partial: array<f32, 256>;
 

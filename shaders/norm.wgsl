@@ -13,7 +13,7 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read_write> X: array<f32>;
 @group(0) @binding(1) var<storage, read> NW: array<f32>;
-@group(0) @binding(2) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 var<workgroup> partial: array<f32, 256>;
 

@@ -29,7 +29,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> XD: array<f32>;
 // Q8_K: the sum of each 16 quants.
 @group(0) @binding(4) var<storage, read_write> XB: array<i32>;
-@group(0) @binding(5) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;

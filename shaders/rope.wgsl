@@ -24,7 +24,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> X: array<f32>;
-@group(0) @binding(1) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -31,7 +31,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> IDX: array<u32>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(4) var<uniform> P: Params;
+@group(1) @binding(0) var<uniform> P: Params;
 
 // Weight `c` of the row starting at byte rb, dequantised as ggml does (exact in f32).
 fn weight(rb: u32, c: u32) -> f32 {

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use common::gpu::{assert_close, gpu, greedy, step_diffs, tiny, Jitter};
 use hotcold::engine::{thread_pool, FfnMode, Logits, Session};
-use hotcold::gpu::forward::{check_supported, GpuModel};
+use hotcold::gpu::forward::{check_supported, GpuModel, GpuSession};
+use hotcold::gpu::{AdapterChoice, GpuContext, ObjectCounts};
 use hotcold::model::Model;
 use hotcold::models::DefaultModel;
 use hotcold::quant::GgmlType;
@@ -119,4 +120,43 @@ fn what_the_resident_pass_does_not_run_is_a_clear_error() {
     let mut s = Session::new(&model, 16, thread_pool(1).unwrap());
     s.eval(&[1, 2], Logits::Last).unwrap();
     assert!(s.set_gpu_model(on_gpu).is_err());
+}
+
+/// A decode step records into its session's parameter ring with the bind groups made during the
+/// session's first submission: from then on a step creates no buffer and no bind group, only its
+/// command encoder; and a read-back dropped unread is replaced, never reused.
+#[test]
+fn decode_steps_create_no_wgpu_objects() {
+    // A context of its own: the other tests' objects must not be counted.
+    let ctx = GpuContext::new(AdapterChoice::Any).unwrap();
+    let step_only = ObjectCounts {
+        buffers: 0,
+        bind_groups: 0,
+        encoders: 1,
+    };
+    for (arch, ty, mode) in [
+        (SynthArch::Llama, GgmlType::F16, FfnMode::Sparse),
+        (SynthArch::Bamboo, GgmlType::Q4_0, FfnMode::Dense),
+    ] {
+        let model = tiny(arch, ty);
+        let on_gpu = Arc::new(GpuModel::upload(ctx.clone(), &model, mode).unwrap());
+        let mut s = GpuSession::new(on_gpu, 32).unwrap();
+        let step = |s: &mut GpuSession, token: u32| {
+            let before = ctx.objects_created();
+            let logits = s.submit(&model, &[token], Logits::Last, mode).unwrap();
+            let made = ctx.objects_created().since(before);
+            (hotcold::sample::argmax(&logits.wait().unwrap()), made)
+        };
+        let prompt = s.submit(&model, &[1, 17, 42], Logits::Last, mode);
+        let mut token = hotcold::sample::argmax(&prompt.unwrap().wait().unwrap());
+        for _ in 0..4 {
+            let made;
+            (token, made) = step(&mut s, token);
+            assert_eq!(made, step_only, "{arch:?} {mode:?}");
+        }
+        drop(s.submit(&model, &[token], Logits::Last, mode).unwrap());
+        let (_, made) = step(&mut s, token);
+        assert_eq!(made.buffers, 1, "{arch:?} {mode:?}: a new read-back buffer");
+        assert_eq!(made.bind_groups, 0, "{arch:?} {mode:?}");
+    }
 }

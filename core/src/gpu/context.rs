@@ -1,5 +1,6 @@
 //! The wgpu device: adapter choice, limits, buffer helpers and blocking read-back.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
@@ -27,6 +28,42 @@ pub struct GpuContext {
     max_binding: u64,
     pub(crate) pipelines: super::pipelines::Pipelines,
     pub(crate) gelu: std::sync::OnceLock<wgpu::Buffer>,
+    empty: std::sync::OnceLock<wgpu::Buffer>,
+    created: Counters,
+}
+
+/// wgpu objects created through a context since it was opened (pipelines and layouts aside:
+/// those are made once per kernel variant).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// Buffers (weights, working vectors, parameter rings, read-back staging).
+    pub buffers: u64,
+    /// Bind groups.
+    pub bind_groups: u64,
+    /// Command encoders.
+    pub encoders: u64,
+}
+
+impl ObjectCounts {
+    /// The objects created between the counts `before` and `self`.
+    pub fn since(self, before: ObjectCounts) -> ObjectCounts {
+        ObjectCounts {
+            buffers: self.buffers - before.buffers,
+            bind_groups: self.bind_groups - before.bind_groups,
+            encoders: self.encoders - before.encoders,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    buffers: AtomicU64,
+    bind_groups: AtomicU64,
+    encoders: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -112,6 +149,8 @@ impl GpuContext {
             max_binding,
             pipelines: Default::default(),
             gelu: Default::default(),
+            empty: Default::default(),
+            created: Counters::default(),
         }))
     }
 
@@ -146,6 +185,28 @@ impl GpuContext {
         self.max_binding
     }
 
+    /// The wgpu objects created through this context so far.
+    pub fn objects_created(&self) -> ObjectCounts {
+        let c = &self.created;
+        ObjectCounts {
+            buffers: c.buffers.load(Ordering::Relaxed),
+            bind_groups: c.bind_groups.load(Ordering::Relaxed),
+            encoders: c.encoders.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Creates a buffer (counted).
+    pub(crate) fn create_buffer(&self, desc: &wgpu::BufferDescriptor) -> wgpu::Buffer {
+        bump(&self.created.buffers);
+        self.device.create_buffer(desc)
+    }
+
+    /// Creates a bind group (counted).
+    pub(crate) fn create_bind_group(&self, desc: &wgpu::BindGroupDescriptor) -> wgpu::BindGroup {
+        bump(&self.created.bind_groups);
+        self.device.create_bind_group(desc)
+    }
+
     /// Lowers the chunk size (tests use it to exercise chunked weights on small tensors).
     pub fn set_max_binding_bytes(&mut self, bytes: u64) {
         self.max_binding = bytes.clamp(256, self.max_binding);
@@ -161,6 +222,7 @@ impl GpuContext {
         } else {
             bytes
         };
+        bump(&self.created.buffers);
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
@@ -169,9 +231,14 @@ impl GpuContext {
             })
     }
 
+    /// A storage buffer of one zero word, for bindings a kernel variant does not read.
+    pub(crate) fn empty_buffer(&self) -> &wgpu::Buffer {
+        self.empty.get_or_init(|| self.storage("empty", &[]))
+    }
+
     /// A zeroed read-write storage buffer of `n` f32 that can be copied out.
     pub(crate) fn output(&self, label: &str, n: usize) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
+        self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: (n.max(1) * 4) as u64,
             usage: wgpu::BufferUsages::STORAGE
@@ -179,16 +246,6 @@ impl GpuContext {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
-    }
-
-    /// A uniform buffer holding `params`.
-    pub(crate) fn uniform<T: bytemuck::Pod>(&self, params: &T) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::bytes_of(params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
     }
 
     /// Submits `encoder` after copying the first `n` f32 of `src` to a staging buffer; the returned
@@ -200,7 +257,7 @@ impl GpuContext {
         n: usize,
     ) -> Pending {
         let size = (n.max(1) * 4) as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read-back"),
             size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -213,6 +270,7 @@ impl GpuContext {
 
     /// A new command encoder.
     pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+        bump(&self.created.encoders);
         self.device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
     }

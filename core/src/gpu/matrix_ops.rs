@@ -5,6 +5,7 @@
 
 use super::context::{GpuContext, Pending};
 use super::pipelines::{grid, WG};
+use super::recorder::Recorder;
 use super::shaders::Shader;
 use super::weights::{type_id, GpuMatrix, AXPY_TYPES};
 use crate::cpu::{quantize_like_matmul, ActKind};
@@ -134,7 +135,7 @@ impl GpuContext {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_matvec(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         w: &GpuMatrix,
         sel: Rows,
         acts: &ActBuffers,
@@ -161,8 +162,9 @@ impl GpuContext {
         let idx_list;
         let idx = match sel {
             Rows::Mask(mask) => mask,
-            _ => {
-                idx_list = self.storage("rows", bytemuck::cast_slice(rows.unwrap_or(&[])));
+            Rows::All => self.empty_buffer(),
+            Rows::Gather(rows) => {
+                idx_list = self.storage("rows", bytemuck::cast_slice(rows));
                 &idx_list
             }
         };
@@ -180,7 +182,7 @@ impl GpuContext {
             if count == 0 || n == 0 {
                 continue;
             }
-            let params = self.uniform(&MatvecParams {
+            let params = MatvecParams {
                 cols: w.cols as u32,
                 row_bytes: w.row_bytes as u32,
                 count: count as u32,
@@ -189,21 +191,12 @@ impl GpuContext {
                 first: first as u32,
                 row_base: chunk.first as u32,
                 y_base: y_base as u32,
-            });
+            };
             let [gx, gy] = grid(count as u32);
-            self.dispatch(
-                encoder,
+            rec.dispatch(
                 &pipeline,
-                &[
-                    &chunk.buffer,
-                    &acts.f,
-                    &acts.q,
-                    &acts.d,
-                    &acts.b,
-                    idx,
-                    y,
-                    &params,
-                ],
+                &[&chunk.buffer, &acts.f, &acts.q, &acts.d, &acts.b, idx, y],
+                &params,
                 [gx, gy, n as u32],
             );
         }
@@ -248,9 +241,11 @@ impl GpuContext {
         let acts = self.upload_acts(w.ty, x, n, w.cols)?;
         let n_out = n * rows.map_or(w.rows, <[u32]>::len);
         let y = self.output("y", n_out);
-        let mut encoder = self.encoder();
         let sel = rows.map_or(Rows::All, Rows::Gather);
-        self.record_matvec(&mut encoder, w, sel, &acts, n, (&y, 0), epilogue);
+        let (encoder, ()) = self.record_once(|rec| {
+            self.record_matvec(rec, w, sel, &acts, n, (&y, 0), epilogue);
+            Ok(())
+        })?;
         Ok(self.submit_read(encoder, &y, n_out))
     }
 
@@ -285,11 +280,13 @@ impl GpuContext {
         let acts = self.upload_acts(w1.ty, x, n, w1.cols)?;
         let half = n * rows.len();
         let y = self.output("y", 2 * half);
-        let mut encoder = self.encoder();
-        for (w, base) in [(w1, 0), (w2, half)] {
-            let e = Epilogue::default();
-            self.record_matvec(&mut encoder, w, Rows::Gather(rows), &acts, n, (&y, base), e);
-        }
+        let (encoder, ()) = self.record_once(|rec| {
+            for (w, base) in [(w1, 0), (w2, half)] {
+                let e = Epilogue::default();
+                self.record_matvec(rec, w, Rows::Gather(rows), &acts, n, (&y, base), e);
+            }
+            Ok(())
+        })?;
         Ok(self.submit_read(encoder, &y, 2 * half))
     }
 
@@ -343,9 +340,11 @@ impl GpuContext {
         let y = self.output("axpy", n_out);
         let a_buf = self.storage("a", bytemuck::cast_slice(a));
         let idx = self.storage("rows", bytemuck::cast_slice(rows));
-        let mut encoder = self.encoder();
-        encoder.clear_buffer(&y, 0, None);
-        self.record_sparse_axpy(&mut encoder, w_t, (rows, &idx), &a_buf, &y, n);
+        let (encoder, ()) = self.record_once(|rec| {
+            rec.clear(&y);
+            self.record_sparse_axpy(rec, w_t, (rows, &idx), &a_buf, &y, n);
+            Ok(())
+        })?;
         Ok(self.submit_read(encoder, &y, n_out))
     }
 
@@ -353,7 +352,7 @@ impl GpuContext {
     /// and as the buffer `idx`), skipping zero coefficients.
     pub(crate) fn record_sparse_axpy(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         w_t: &GpuMatrix,
         (rows, idx): (&[u32], &wgpu::Buffer),
         a: &wgpu::Buffer,
@@ -367,7 +366,7 @@ impl GpuContext {
             if hi == lo || n == 0 {
                 continue;
             }
-            let params = self.uniform(&AxpyParams {
+            let params = AxpyParams {
                 cols: w_t.cols as u32,
                 row_bytes: w_t.row_bytes as u32,
                 count: (hi - lo) as u32,
@@ -376,11 +375,11 @@ impl GpuContext {
                 row_base: chunk.first as u32,
                 n_tokens: n as u32,
                 _pad: 0,
-            });
-            self.dispatch(
-                encoder,
+            };
+            rec.dispatch(
                 &pipeline,
-                &[&chunk.buffer, a, idx, y, &params],
+                &[&chunk.buffer, a, idx, y],
+                &params,
                 [(w_t.cols as u32).div_ceil(WG), n as u32, 1],
             );
         }
@@ -425,38 +424,25 @@ impl GpuContext {
         check_x(fc1, x, n)?;
         let acts = self.upload_acts(fc1.ty, x, n, fc1.cols)?;
         let hidden = self.output("hidden", n * fc1.rows);
-        let mut encoder = self.encoder();
         let epilogue = Epilogue {
             relu: true,
             round_f16: fc2.ty == GgmlType::F16,
         };
-        self.record_matvec(
-            &mut encoder,
-            fc1,
-            Rows::All,
-            &acts,
-            n,
-            (&hidden, 0),
-            epilogue,
-        );
         let empty = self.storage("empty", &[]);
         let hidden_acts = ActBuffers {
-            f: hidden,
+            f: hidden.clone(),
             q: empty.clone(),
             d: empty.clone(),
             b: empty,
         };
         let n_out = n * fc2.rows;
         let y = self.output("logits", n_out);
-        self.record_matvec(
-            &mut encoder,
-            fc2,
-            Rows::All,
-            &hidden_acts,
-            n,
-            (&y, 0),
-            Epilogue::default(),
-        );
+        let (encoder, ()) = self.record_once(|rec| {
+            self.record_matvec(rec, fc1, Rows::All, &acts, n, (&hidden, 0), epilogue);
+            let e = Epilogue::default();
+            self.record_matvec(rec, fc2, Rows::All, &hidden_acts, n, (&y, 0), e);
+            Ok(())
+        })?;
         self.submit_read(encoder, &y, n_out).wait(self)
     }
 }

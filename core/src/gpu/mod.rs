@@ -11,11 +11,12 @@ mod context;
 pub mod forward;
 mod matrix_ops;
 mod pipelines;
+mod recorder;
 mod shaders;
 mod vector_ops;
 mod weights;
 
-pub use context::{AdapterChoice, GpuContext, Pending, MAX_BINDING_BYTES};
+pub use context::{AdapterChoice, GpuContext, ObjectCounts, Pending, MAX_BINDING_BYTES};
 pub use shaders::Shader;
 pub use vector_ops::{AttentionShape, RopeSettings};
 pub use weights::{GpuMatrix, AXPY_TYPES, MATVEC_TYPES};

@@ -1,5 +1,6 @@
 //! Compute pipelines, one per (kernel family, entry point, override constants), created on first
-//! use and cached; and the dispatch helper that binds buffers in declaration order.
+//! use and cached, with one group-0 layout per family (its storage buffers) and one group-1 layout
+//! shared by all (the parameters, a uniform with a dynamic offset: see `recorder`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,35 +8,35 @@ use std::sync::{Arc, Mutex};
 use super::context::GpuContext;
 use super::shaders::Shader;
 
-/// How a kernel declares one binding.
+/// How a kernel declares one storage binding.
 #[derive(Clone, Copy)]
 enum Binding {
     /// `var<storage, read>`.
     Read,
     /// `var<storage, read_write>`.
     ReadWrite,
-    /// `var<uniform>`.
-    Uniform,
 }
 
-/// The bindings of a family's group 0, in binding order (every entry point shares them).
+/// The bindings of a family's group 0, in binding order (every entry point shares them); group 1
+/// is always the parameters' uniform.
 fn bindings(shader: Shader) -> &'static [Binding] {
     use Binding::*;
     match shader {
-        Shader::Matvec => &[Read, Read, Read, Read, Read, Read, ReadWrite, Uniform],
-        Shader::SparseAxpy => &[Read, Read, Read, ReadWrite, Uniform],
-        Shader::Norm => &[ReadWrite, Read, Uniform],
-        Shader::Rope | Shader::Softmax => &[ReadWrite, Uniform],
-        Shader::Attention => &[Read, Read, Read, ReadWrite, ReadWrite, Uniform],
-        Shader::Elementwise => &[ReadWrite, Read, Read, Uniform],
-        Shader::Quantize => &[Read, ReadWrite, ReadWrite, ReadWrite, ReadWrite, Uniform],
-        Shader::Kv => &[Read, ReadWrite, Uniform],
+        Shader::Matvec => &[Read, Read, Read, Read, Read, Read, ReadWrite],
+        Shader::SparseAxpy => &[Read, Read, Read, ReadWrite],
+        Shader::Norm => &[ReadWrite, Read],
+        Shader::Rope | Shader::Softmax => &[ReadWrite],
+        Shader::Attention => &[Read, Read, Read, ReadWrite, ReadWrite],
+        Shader::Elementwise => &[ReadWrite, Read, Read],
+        Shader::Quantize => &[Read, ReadWrite, ReadWrite, ReadWrite, ReadWrite],
+        Shader::Kv => &[Read, ReadWrite],
     }
 }
 
-/// A pipeline and the layout of its bind group.
+/// A pipeline, its family and the layout of its group 0.
 pub(crate) struct Pipeline {
-    pipeline: wgpu::ComputePipeline,
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) shader: Shader,
     layout: wgpu::BindGroupLayout,
 }
 
@@ -45,7 +46,8 @@ type Key = (Shader, &'static str, Vec<(&'static str, u64)>);
 #[derive(Default)]
 pub(crate) struct Pipelines {
     cache: Mutex<HashMap<Key, Arc<Pipeline>>>,
-    modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
+    modules: Mutex<HashMap<Shader, (wgpu::ShaderModule, wgpu::BindGroupLayout)>>,
+    params: std::sync::OnceLock<wgpu::BindGroupLayout>,
 }
 
 /// Invocations per workgroup of every kernel (a power of two, at most 256).
@@ -72,7 +74,7 @@ impl GpuContext {
         if let Some(p) = cache.get(&key) {
             return p.clone();
         }
-        let module = {
+        let (module, layout) = {
             let mut modules = self
                 .pipelines
                 .modules
@@ -80,49 +82,14 @@ impl GpuContext {
                 .unwrap_or_else(|e| e.into_inner());
             modules
                 .entry(shader)
-                .or_insert_with(|| {
-                    self.device
-                        .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(shader.file()),
-                            source: wgpu::ShaderSource::Wgsl(shader.source().into()),
-                        })
-                })
+                .or_insert_with(|| (self.module(shader), self.storage_layout(shader)))
                 .clone()
         };
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings(shader)
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-                binding: i as u32,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: match b {
-                    Binding::Uniform => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    Binding::Read | Binding::ReadWrite => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage {
-                            read_only: matches!(b, Binding::Read),
-                        },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                },
-                count: None,
-            })
-            .collect();
-        let layout = self
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(shader.file()),
-                entries: &entries,
-            });
         let pipeline_layout = self
             .device
             .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: Some(shader.file()),
-                bind_group_layouts: &[Some(&layout)],
+                bind_group_layouts: &[Some(&layout), Some(self.params_layout())],
                 immediate_size: 0,
             });
         let mut all: Vec<(&str, f64)> = constants.to_vec();
@@ -140,20 +107,75 @@ impl GpuContext {
                 },
                 cache: None,
             });
-        let p = Arc::new(Pipeline { pipeline, layout });
+        let p = Arc::new(Pipeline {
+            pipeline,
+            shader,
+            layout,
+        });
         cache.insert(key, p.clone());
         p
     }
 
-    /// Records one dispatch of `pipeline` over `groups` workgroups with `buffers` bound to
-    /// bindings 0, 1, … of group 0.
-    pub(crate) fn dispatch(
+    /// The shader module of `shader`.
+    fn module(&self, shader: Shader) -> wgpu::ShaderModule {
+        self.device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(shader.file()),
+                source: wgpu::ShaderSource::Wgsl(shader.source().into()),
+            })
+    }
+
+    /// The layout of `shader`'s group 0: its storage buffers.
+    fn storage_layout(&self, shader: Shader) -> wgpu::BindGroupLayout {
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings(shader)
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: matches!(b, Binding::Read),
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        self.device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(shader.file()),
+                entries: &entries,
+            })
+    }
+
+    /// The layout of every kernel's group 1: its parameters, a uniform at a dynamic offset.
+    pub(crate) fn params_layout(&self) -> &wgpu::BindGroupLayout {
+        self.pipelines.params.get_or_init(|| {
+            self.device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("params"),
+                    entries: &[wgpu::BindGroupLayoutEntry {
+                        binding: 0,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Uniform,
+                            has_dynamic_offset: true,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    }],
+                })
+        })
+    }
+
+    /// A group-0 bind group of `pipeline` with `buffers` bound to bindings 0, 1, ….
+    pub(crate) fn bind_group(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
         pipeline: &Pipeline,
         buffers: &[&wgpu::Buffer],
-        groups: [u32; 3],
-    ) {
+    ) -> wgpu::BindGroup {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .enumerate()
@@ -162,18 +184,11 @@ impl GpuContext {
                 resource: b.as_entire_binding(),
             })
             .collect();
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        self.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &pipeline.layout,
             entries: &entries,
-        });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes: None,
-        });
-        pass.set_pipeline(&pipeline.pipeline);
-        pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        })
     }
 }
 

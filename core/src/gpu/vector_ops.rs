@@ -6,6 +6,7 @@ use half::f16;
 
 use super::context::GpuContext;
 use super::pipelines::{grid, WG};
+use super::recorder::Recorder;
 use super::shaders::Shader;
 use crate::cpu::ops::RopeStyle;
 use crate::model::FfnActivation;
@@ -120,15 +121,13 @@ fn same_len(a: &[f32], b: &[f32], what: &str) -> Result<()> {
 
 impl GpuContext {
     /// Uploads `x`, records `work` on it, runs it and reads `x` back.
-    fn in_place(
-        &self,
-        x: &[f32],
-        work: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
-    ) -> Result<Vec<f32>> {
+    fn in_place(&self, x: &[f32], work: impl Fn(&mut Recorder, &wgpu::Buffer)) -> Result<Vec<f32>> {
         let xb = self.output("x", x.len());
         self.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
-        let mut encoder = self.encoder();
-        work(&mut encoder, &xb);
+        let (encoder, ()) = self.record_once(|rec| {
+            work(rec, &xb);
+            Ok(())
+        })?;
         self.submit_read(encoder, &xb, x.len()).wait(self)
     }
 
@@ -148,28 +147,28 @@ impl GpuContext {
             return Err(Error::InvalidArgument(format!("{rows} rows are too many")));
         }
         let nw = self.storage("norm", bytemuck::cast_slice(w));
-        self.in_place(x, |enc, xb| {
-            self.record_norm(enc, xb, &nw, w.len(), rows, eps)
+        self.in_place(x, |rec, xb| {
+            self.record_norm(rec, xb, &nw, w.len(), rows, eps)
         })
     }
 
     /// Records RMSNorm in place of the `rows` rows of `n` values of `x`, with weights `w`.
     pub(crate) fn record_norm(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         x: &wgpu::Buffer,
         w: &wgpu::Buffer,
         n: usize,
         rows: usize,
         eps: f32,
     ) {
-        let params = self.uniform(&NormParams {
+        let params = NormParams {
             n: n as u32,
             eps,
             _pad: [0; 2],
-        });
+        };
         let pipeline = self.pipeline(Shader::Norm, "main", &[]);
-        self.dispatch(encoder, &pipeline, &[x, w, &params], [rows as u32, 1, 1]);
+        rec.dispatch(&pipeline, &[x, w], &params, [rows as u32, 1, 1]);
     }
 
     /// RoPE of `x` (`n_tokens × n_heads × head_dim`), token `t` at position `pos0 + t`.
@@ -192,22 +191,22 @@ impl GpuContext {
             )));
         }
         let n_tokens = x.len() / row;
-        self.in_place(x, |enc, xb| {
-            self.record_rope(enc, xb, (n_heads, head_dim), rope, pos0, n_tokens)
+        self.in_place(x, |rec, xb| {
+            self.record_rope(rec, xb, (n_heads, head_dim), rope, pos0, n_tokens)
         })
     }
 
     /// Records RoPE in place of `x` (`n_tokens × n_heads × head_dim`), token `t` at `pos0 + t`.
     pub(crate) fn record_rope(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         x: &wgpu::Buffer,
         (n_heads, head_dim): (usize, usize),
         rope: RopeSettings,
         pos0: usize,
         n_tokens: usize,
     ) {
-        let params = self.uniform(&RopeParams {
+        let params = RopeParams {
             n_heads: n_heads as u32,
             head_dim: head_dim as u32,
             n_rot: rope.n_rot as u32,
@@ -216,14 +215,14 @@ impl GpuContext {
             n_tokens: n_tokens as u32,
             theta_scale: rope.freq_base.powf(-2.0 / rope.n_rot as f32),
             freq_scale: rope.freq_scale,
-        });
+        };
         let groups = [
             ((rope.n_rot / 2) as u32).div_ceil(WG).max(1),
             n_heads as u32,
             n_tokens as u32,
         ];
         let pipeline = self.pipeline(Shader::Rope, "main", &[]);
-        self.dispatch(encoder, &pipeline, &[x, &params], groups);
+        rec.dispatch(&pipeline, &[x], &params, groups);
     }
 
     /// Softmax of each row of `x` (rows of `n` values).
@@ -236,11 +235,11 @@ impl GpuContext {
                 x.len()
             )));
         }
-        let params = self.uniform(&[n as u32, 0, 0, 0]);
+        let params = [n as u32, 0, 0, 0];
         let rows = (x.len() / n) as u32;
         let pipeline = self.pipeline(Shader::Softmax, "main", &[]);
-        self.in_place(x, |enc, xb| {
-            self.dispatch(enc, &pipeline, &[xb, &params], [rows, 1, 1])
+        self.in_place(x, |rec, xb| {
+            rec.dispatch(&pipeline, &[xb], &params, [rows, 1, 1])
         })
     }
 
@@ -286,7 +285,6 @@ impl GpuContext {
         let scratch = self.output("scores", n_tokens * s.n_head * n_ctx);
         let out_len = n_tokens * s.n_head * s.head_dim_v;
         let out = self.output("attn", out_len);
-        let mut encoder = self.encoder();
         let io = AttentionBuffers {
             q: &qb,
             keys: &kb,
@@ -294,7 +292,10 @@ impl GpuContext {
             scratch: &scratch,
             out: &out,
         };
-        self.record_attention(&mut encoder, &io, s, pos0, n_tokens, n_ctx);
+        let (encoder, ()) = self.record_once(|rec| {
+            self.record_attention(rec, &io, s, pos0, n_tokens, n_ctx);
+            Ok(())
+        })?;
         self.submit_read(encoder, &out, out_len).wait(self)
     }
 
@@ -302,14 +303,14 @@ impl GpuContext {
     /// positions (the scratch holds `n_tokens × n_head × n_ctx` scores).
     pub(crate) fn record_attention(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         io: &AttentionBuffers,
         s: &AttentionShape,
         pos0: usize,
         n_tokens: usize,
         n_ctx: usize,
     ) {
-        let params = self.uniform(&AttentionParams {
+        let params = AttentionParams {
             n_head: s.n_head as u32,
             n_head_kv: s.n_head_kv as u32,
             head_dim: s.head_dim as u32,
@@ -318,12 +319,12 @@ impl GpuContext {
             window: s.window.unwrap_or(0) as u32,
             s_stride: n_ctx as u32,
             scale: s.scale,
-        });
+        };
         let pipeline = self.pipeline(Shader::Attention, "main", &[]);
-        self.dispatch(
-            encoder,
+        rec.dispatch(
             &pipeline,
-            &[io.q, io.keys, io.values, io.scratch, io.out, &params],
+            &[io.q, io.keys, io.values, io.scratch, io.out],
+            &params,
             [s.n_head as u32, n_tokens as u32, 1],
         );
     }
@@ -331,21 +332,21 @@ impl GpuContext {
     /// Records the append of the `width` values of `x` (even) to the f16 `cache` at `pos`.
     pub(crate) fn record_kv_store(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         x: &wgpu::Buffer,
         cache: &wgpu::Buffer,
         width: usize,
         pos: usize,
     ) {
         let n_pairs = width / 2;
-        let params = self.uniform(&KvParams {
+        let params = KvParams {
             n_pairs: n_pairs as u32,
             offset: (pos * n_pairs) as u32,
             _pad: [0; 2],
-        });
+        };
         let pipeline = self.pipeline(Shader::Kv, "store", &[]);
         let [gx, gy] = grid((n_pairs as u32).div_ceil(WG));
-        self.dispatch(encoder, &pipeline, &[x, cache, &params], [gx, gy, 1]);
+        rec.dispatch(&pipeline, &[x, cache], &params, [gx, gy, 1]);
     }
 
     /// The FFN neurons' outputs `act.combine(gate[i], up[i])`.
@@ -378,8 +379,8 @@ impl GpuContext {
         s: f32,
     ) -> Result<Vec<f32>> {
         let yb = self.storage("y", bytemuck::cast_slice(y));
-        self.in_place(x, |enc, xb| {
-            self.record_elementwise(enc, (entry, constants), xb, &yb, x.len(), s)
+        self.in_place(x, |rec, xb| {
+            self.record_elementwise(rec, (entry, constants), xb, &yb, x.len(), s)
         })
     }
 
@@ -387,22 +388,22 @@ impl GpuContext {
     /// the second operand `y` and the factor or threshold `s`.
     pub(crate) fn record_elementwise(
         &self,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         (entry, constants): (&'static str, &[(&'static str, f64)]),
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         n: usize,
         s: f32,
     ) {
-        let params = self.uniform(&NormParams {
+        let params = NormParams {
             n: n as u32,
             eps: s,
             _pad: [0; 2],
-        });
+        };
         let [gx, gy] = grid((n as u32).div_ceil(WG));
         let pipeline = self.pipeline(Shader::Elementwise, entry, constants);
         let table = self.gelu_table();
-        self.dispatch(encoder, &pipeline, &[x, y, table, &params], [gx, gy, 1]);
+        rec.dispatch(&pipeline, &[x, y, table], &params, [gx, gy, 1]);
     }
 
     /// ggml's GELU table (the f16 of `gelu_tanh(x)` for every f16 `x`), uploaded once.

@@ -5,6 +5,7 @@
 use crate::gpu::context::GpuContext;
 use crate::gpu::matrix_ops::ActBuffers;
 use crate::gpu::pipelines::{grid, WG};
+use crate::gpu::recorder::Recorder;
 use crate::gpu::shaders::Shader;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -86,8 +87,7 @@ impl ActSets {
     /// Errors: [`Error::InvalidArgument`] when `cols` is not a whole number of blocks.
     pub fn quantize(
         &self,
-        ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         kind: Kind,
         x: &wgpu::Buffer,
         cols: usize,
@@ -111,7 +111,7 @@ impl ActSets {
             Kind::Q8_0 => &self.q8_0,
             Kind::Q8K => &self.q8k,
         };
-        self.record(ctx, encoder, kind, false, x, set, cols);
+        self.record(rec, kind, false, x, set, cols);
         Ok(ActBuffers {
             f: set.f.clone(),
             q: set.q.clone(),
@@ -127,22 +127,21 @@ impl ActSets {
     /// reads K-quants).
     pub fn round(
         &self,
-        ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         kind: Kind,
         x: &wgpu::Buffer,
         cols: usize,
     ) -> Result<wgpu::Buffer> {
         match kind {
             Kind::F32 => Ok(x.clone()),
-            Kind::F16 => Ok(self.quantize(ctx, encoder, kind, x, cols)?.f),
+            Kind::F16 => Ok(self.quantize(rec, kind, x, cols)?.f),
             Kind::Q8_0 => {
                 if !cols.is_multiple_of(32) {
                     return Err(Error::InvalidArgument(format!(
                         "{cols} values are not a whole number of 32-value blocks"
                     )));
                 }
-                self.record(ctx, encoder, kind, true, x, &self.q8_0, cols);
+                self.record(rec, kind, true, x, &self.q8_0, cols);
                 Ok(self.q8_0.f.clone())
             }
             Kind::Q8K => Err(Error::UnsupportedType {
@@ -155,8 +154,7 @@ impl ActSets {
     #[allow(clippy::too_many_arguments)]
     fn record(
         &self,
-        ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        rec: &mut Recorder,
         kind: Kind,
         round_out: bool,
         x: &wgpu::Buffer,
@@ -168,20 +166,20 @@ impl ActSets {
             Kind::Q8_0 => ("q8_0", cols / 32),
             _ => ("q8_k", cols / 256),
         };
-        let pipeline = ctx.pipeline(
+        let pipeline = rec.ctx().pipeline(
             Shader::Quantize,
             entry,
             &[("ROUND_OUT", f64::from(u8::from(round_out)))],
         );
-        let params = ctx.uniform(&QuantParams {
+        let params = QuantParams {
             n: cols as u32,
             _pad: [0; 3],
-        });
+        };
         let [gx, gy] = grid((invocations as u32).div_ceil(WG));
-        ctx.dispatch(
-            encoder,
+        rec.dispatch(
             &pipeline,
-            &[x, &set.f, &set.q, &set.d, &set.b, &params],
+            &[x, &set.f, &set.q, &set.d, &set.b],
+            &params,
             [gx, gy, 1],
         );
     }

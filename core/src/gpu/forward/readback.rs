@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -15,6 +16,46 @@ struct MapState {
     waker: Option<Waker>,
 }
 
+/// Read-back buffers reused from step to step: a buffer is free again once its logits were read
+/// (one whose [`PendingLogits`] was dropped unread is never reused).
+#[derive(Default)]
+pub(super) struct StagingPool {
+    buffers: Vec<(wgpu::Buffer, Arc<AtomicBool>)>,
+}
+
+/// Buffers a pool keeps at most (sizes in use: one row of logits, and a batch's rows).
+const POOL_SIZE: usize = 4;
+
+impl StagingPool {
+    /// A free buffer of exactly `bytes`, marked busy (created when there is none).
+    pub(super) fn take(
+        &mut self,
+        ctx: &crate::gpu::GpuContext,
+        bytes: u64,
+    ) -> (wgpu::Buffer, Arc<AtomicBool>) {
+        let free = self
+            .buffers
+            .iter()
+            .find(|(b, f)| b.size() == bytes && f.load(Ordering::Acquire));
+        if let Some((b, f)) = free {
+            f.store(false, Ordering::Release);
+            return (b.clone(), f.clone());
+        }
+        let buffer = ctx.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits read-back"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let flag = Arc::new(AtomicBool::new(false));
+        if self.buffers.len() == POOL_SIZE {
+            self.buffers.remove(0);
+        }
+        self.buffers.push((buffer.clone(), flag.clone()));
+        (buffer, flag)
+    }
+}
+
 /// A step's logits on their way back from the GPU. `.await` it, or [`PendingLogits::wait`].
 #[must_use = "the logits are only read by awaiting or waiting"]
 pub struct PendingLogits {
@@ -24,14 +65,16 @@ pub struct PendingLogits {
     n: usize,
     softcap: Option<f32>,
     state: Arc<(Mutex<MapState>, Condvar)>,
+    /// Set once the logits are read and the buffer unmapped (the pool may reuse it).
+    free: Arc<AtomicBool>,
 }
 
 impl PendingLogits {
     /// Starts mapping `staging` (its first `n` f32 are the logits) once the submitted work is
-    /// done; `softcap` is applied when they are read.
+    /// done; `softcap` is applied when they are read, and then `free` is set.
     pub(super) fn new(
         device: &wgpu::Device,
-        staging: wgpu::Buffer,
+        (staging, free): (wgpu::Buffer, Arc<AtomicBool>),
         n: usize,
         softcap: Option<f32>,
     ) -> PendingLogits {
@@ -51,6 +94,7 @@ impl PendingLogits {
             n,
             softcap,
             state,
+            free,
         }
     }
 
@@ -89,6 +133,7 @@ impl PendingLogits {
         let mut out = bytemuck::cast_slice::<u8, f32>(&data)[..self.n].to_vec();
         drop(data);
         self.staging.unmap();
+        self.free.store(true, Ordering::Release);
         if let Some(cap) = self.softcap {
             out.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
         }

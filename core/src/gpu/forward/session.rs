@@ -1,12 +1,14 @@
 //! A sequence evaluated on the GPU: its KV cache and working vectors live there; each call
 //! records a run of tokens into one command buffer, submits it once and reads the logits back once.
 
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use super::acts::ActSets;
 use super::model::GpuModel;
-use super::readback::PendingLogits;
+use super::readback::{PendingLogits, StagingPool};
 use crate::engine::{embed_tokens, FfnMode, Logits};
+use crate::gpu::recorder::Binder;
 use crate::model::Model;
 use crate::{Error, Result};
 
@@ -42,6 +44,9 @@ pub struct GpuSession {
     pub(super) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     pub(super) n_ctx: usize,
     n_past: usize,
+    /// The parameter ring and the bind groups of this session's buffers.
+    binder: Mutex<Binder>,
+    staging: StagingPool,
 }
 
 impl GpuSession {
@@ -91,12 +96,15 @@ impl GpuSession {
                 )
             })
             .collect();
+        let binder = Mutex::new(Binder::new(ctx, true));
         Ok(GpuSession {
             model,
             scratch,
             kv,
             n_ctx,
             n_past: 0,
+            binder,
+            staging: StagingPool::default(),
         })
     }
 
@@ -151,42 +159,28 @@ impl GpuSession {
         };
         let n_vocab = hp.n_vocab;
         let row_bytes = (n_vocab * 4) as u64;
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logits read-back"),
-            size: row_bytes * n_out as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        let staging = self.staging.take(&ctx, row_bytes * n_out as u64);
+        let embd_bytes = (hp.n_embd * 4) as u64;
+        let mut binder = self.binder.lock().unwrap_or_else(|e| e.into_inner());
+        let recorded = ctx.record(&mut binder, |rec| {
+            for t in 0..tokens.len() {
+                let embd = (&self.scratch.embd, t as u64 * embd_bytes);
+                rec.copy(embd, (&self.scratch.x, 0), embd_bytes);
+                let last = t + 1 == tokens.len();
+                let pos = self.n_past + t;
+                self.record_token(rec, pos, mode, which == Logits::All || last)?;
+                let slot = match which {
+                    Logits::All => t,
+                    Logits::Last if last => 0,
+                    Logits::Last => continue,
+                };
+                let dst = (&staging.0, slot as u64 * row_bytes);
+                rec.copy((&self.scratch.logits, 0), dst, row_bytes);
+            }
+            Ok(())
         });
-        let mut encoder = ctx.encoder();
-        for t in 0..tokens.len() {
-            let embd_bytes = (hp.n_embd * 4) as u64;
-            encoder.copy_buffer_to_buffer(
-                &self.scratch.embd,
-                t as u64 * embd_bytes,
-                &self.scratch.x,
-                0,
-                embd_bytes,
-            );
-            let last = t + 1 == tokens.len();
-            self.record_token(
-                &mut encoder,
-                self.n_past + t,
-                mode,
-                which == Logits::All || last,
-            )?;
-            let slot = match which {
-                Logits::All => t,
-                Logits::Last if last => 0,
-                Logits::Last => continue,
-            };
-            encoder.copy_buffer_to_buffer(
-                &self.scratch.logits,
-                0,
-                &staging,
-                slot as u64 * row_bytes,
-                row_bytes,
-            );
-        }
+        drop(binder);
+        let (encoder, ()) = recorded.inspect_err(|_| staging.1.store(true, Ordering::Release))?;
         ctx.queue.submit([encoder.finish()]);
         self.n_past += tokens.len();
         Ok(PendingLogits::new(

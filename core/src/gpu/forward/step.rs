@@ -9,6 +9,7 @@ use super::model::{Down, GpuBlock};
 use super::session::GpuSession;
 use crate::engine::FfnMode;
 use crate::gpu::matrix_ops::{Epilogue, Rows};
+use crate::gpu::recorder::Recorder;
 use crate::gpu::vector_ops::{ffn_act_id, AttentionBuffers};
 use crate::gpu::weights::GpuMatrix;
 use crate::gpu::{AttentionShape, RopeSettings};
@@ -34,7 +35,7 @@ impl<'a> Product<'a> {
     }
 }
 
-type Encoder = wgpu::CommandEncoder;
+type Encoder<'a> = Recorder<'a>;
 
 impl GpuSession {
     /// Records the forward pass of the token whose embedding is in `x`, at position `pos`, and
@@ -171,8 +172,8 @@ impl GpuSession {
         match &b.down {
             Down::Neurons(down_t) => {
                 let kind = Kind::of(down_t.ty)?;
-                let a = s.acts.round(&m.ctx, enc, kind, &s.gate, hp.n_ff)?;
-                enc.clear_buffer(&s.ffn_out, 0, None);
+                let a = s.acts.round(enc, kind, &s.gate, hp.n_ff)?;
+                enc.clear(&s.ffn_out);
                 let (all, all_buf) = &m.all_neurons;
                 m.ctx
                     .record_sparse_axpy(enc, down_t, (all, all_buf), &a, &s.ffn_out, 1);
@@ -222,7 +223,7 @@ impl GpuSession {
         for p in products {
             let kind = Kind::of(p.w.ty)?;
             if !done.iter().any(|(k, _)| *k == kind) {
-                let acts = self.scratch.acts.quantize(ctx, enc, kind, x, p.w.cols)?;
+                let acts = self.scratch.acts.quantize(enc, kind, x, p.w.cols)?;
                 done.push((kind, acts));
             }
             let acts = &done.iter().find(|(k, _)| *k == kind).expect("just added").1;
@@ -240,7 +241,7 @@ impl GpuSession {
         w: &wgpu::Buffer,
         n: usize,
     ) {
-        enc.copy_buffer_to_buffer(src, 0, dst, 0, (n * 4) as u64);
+        enc.copy((src, 0), (dst, 0), (n * 4) as u64);
         let m = &*self.model;
         m.ctx.record_norm(enc, dst, w, n, 1, m.hp.rms_eps);
     }
