@@ -1,14 +1,22 @@
 //! `--device` and `--vram-budget` end to end: the same greedy text on the GPU (any adapter;
 //! lavapipe in CI) as on the CPU, on the default model (whole layers offloaded, or the whole model
 //! resident) and on a `synth` sparse model (hot neurons split, or resident in `--ffn sparse` and
-//! `dense`), and clear errors for bad values.
+//! `dense`), and clear errors for bad values; `--vram-budget` takes its hot neurons from
+//! PowerInfer's side file `<model>.generated.gpuidx` when one fits the budget.
 
 mod common;
 
 use common::{hotcold, model};
+use hotcold_core::gguf::GgufFile;
 use hotcold_core::models::DefaultModel;
+use hotcold_core::placement::gpuidx::GpuIndex;
 
 fn greedy(model: &str, extra: &[&str]) -> String {
+    greedy_with_stderr(model, extra).0
+}
+
+/// [`greedy`]'s text and stderr.
+fn greedy_with_stderr(model: &str, extra: &[&str]) -> (String, String) {
     let mut args = vec![
         "run",
         "-m",
@@ -38,7 +46,7 @@ fn greedy(model: &str, extra: &[&str]) -> String {
         };
         assert!(stderr.contains(placed), "{stderr}");
     }
-    String::from_utf8(out.stdout).unwrap()
+    (String::from_utf8(out.stdout).unwrap(), stderr.into_owned())
 }
 
 #[test]
@@ -99,4 +107,49 @@ fn bad_budgets_are_clear_errors() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn a_gpuidx_side_file_gives_the_hot_set() {
+    let dir = std::env::temp_dir().join(format!("hotcold-gpuidx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let synth = dir.join("tiny.gguf");
+    let m = synth.to_str().unwrap();
+    assert!(hotcold(&["synth", "--preset", "tiny", "-o", m])
+        .status
+        .success());
+    let cpu = greedy(m, &["--device", "cpu"]);
+    // The planner's split for 64 KiB, written where PowerInfer looks for it.
+    let out = hotcold(&["plan", "-m", m, "--vram-budget", "64KiB", "--write-gpuidx"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let side = GpuIndex::side_file_path(&synth);
+    let index = GpuIndex::read(&GgufFile::open(&side).unwrap()).unwrap();
+    let hot: usize = index.hot.iter().map(Vec::len).sum();
+    let all: usize = index.n_neurons.iter().sum();
+    assert!(0 < hot && hot < all, "{hot} of {all}");
+    // A budget that holds the whole FFN: the file's neurons, not all of them.
+    let (text, stderr) = greedy_with_stderr(m, &["--device", "gpu", "--vram-budget", "100%"]);
+    let used = format!("{hot} of {all} neurons; hot set from {}", side.display());
+    assert!(stderr.contains(&used), "{stderr}");
+    assert_eq!(text, cpu);
+    // A budget the file's neurons do not fit: a warning, and the planner's set.
+    let (text, stderr) = greedy_with_stderr(m, &["--device", "gpu", "--vram-budget", "16KiB"]);
+    assert!(
+        stderr.contains("not used (its hot neurons take") && !stderr.contains("hot set from"),
+        "{stderr}"
+    );
+    assert_eq!(text, cpu);
+    // A broken side file: a warning naming the problem, and the planner's set.
+    std::fs::write(&side, b"not a gguf").unwrap();
+    let (text, stderr) = greedy_with_stderr(m, &["--device", "gpu", "--vram-budget", "50%"]);
+    assert!(
+        stderr.contains("warning:") && stderr.contains("not used"),
+        "{stderr}"
+    );
+    assert_eq!(text, cpu);
+    std::fs::remove_dir_all(&dir).ok();
 }

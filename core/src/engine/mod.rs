@@ -24,7 +24,9 @@ pub use generate::{generate, GenerateOptions, GenerationStats, Generator, Step, 
 pub use gpu_ffn::{layer_fits_kernels, GpuFfn};
 pub use kv_cache::KvCache;
 pub use linear::{DenseLinear, Linear, Proj};
-pub use offload::{ffn_bytes, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor};
+pub use offload::{
+    ffn_bytes, hot_from_index, hot_neurons, neuron_bytes, CpuFfn, FfnOffload, FfnTensor,
+};
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
 pub(crate) use session::{check_tokens, embed_tokens};

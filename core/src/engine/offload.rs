@@ -243,6 +243,53 @@ impl FfnOffload for CpuFfn {
     }
 }
 
+/// The hot set a PowerInfer GPU index (`<model>.generated.gpuidx`, [`placement::gpuidx`]) gives
+/// `model`, when it can be used under `budget` bytes of FFN weights: one list per layer of
+/// `n_ff` neurons, hot neurons only in layers `usable(il)` accepts, a layer without `ffn_down_t`
+/// all hot or all cold, and at most `budget` bytes of FFN weights in all ([`neuron_bytes`]).
+///
+/// Errors: a sentence saying why the index cannot be used (the caller falls back to
+/// [`hot_neurons`]).
+pub fn hot_from_index(
+    model: &Model,
+    index: &placement::gpuidx::GpuIndex,
+    budget: u64,
+    usable: impl Fn(usize) -> bool,
+) -> std::result::Result<Vec<Vec<u32>>, String> {
+    let (n_layer, n_ff) = (model.hp.n_layer, model.hp.n_ff);
+    index.validate().map_err(|e| e.to_string())?;
+    if index.hot.len() != n_layer {
+        return Err(format!(
+            "it has {} layers, the model {n_layer}",
+            index.hot.len()
+        ));
+    }
+    let mut bytes = 0u64;
+    for (il, (hot, &n)) in index.hot.iter().zip(&index.n_neurons).enumerate() {
+        if n != n_ff {
+            return Err(format!("layer {il} has {n} neurons, the model's {n_ff}"));
+        }
+        if hot.is_empty() {
+            continue;
+        }
+        if !usable(il) {
+            return Err(format!("layer {il}'s FFN cannot run on the GPU"));
+        }
+        if model.layers[il].down_t.is_none() && hot.len() != n_ff {
+            return Err(format!(
+                "layer {il} has a row-major ffn_down: its neurons must be all hot or all cold"
+            ));
+        }
+        bytes += neuron_bytes(model, il) * hot.len() as u64;
+    }
+    if bytes > budget {
+        return Err(format!(
+            "its hot neurons take {bytes} bytes, over the budget of {budget}"
+        ));
+    }
+    Ok(index.hot.clone())
+}
+
 /// Bytes one neuron of layer `il` takes on the GPU: its gate and up rows, and its down column
 /// (its `ffn_down_t` row, or its share of `ffn_down`).
 pub fn neuron_bytes(model: &Model, il: usize) -> u64 {

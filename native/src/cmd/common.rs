@@ -335,10 +335,11 @@ impl ModelArgs {
                 );
                 super::device::Placement::cpu("device: cpu (TEAL runs on the CPU)")
             }
-            (None, Some(Ffn::Mode(mode))) => self.device.place(&model, mode, resident)?,
-            (None, _) => self
-                .device
-                .place(&model, default_ffn_mode(&model), resident)?,
+            (None, Some(Ffn::Mode(mode))) => self.device.place(&path, &model, mode, resident)?,
+            (None, _) => {
+                let mode = default_ffn_mode(&model);
+                self.device.place(&path, &model, mode, resident)?
+            }
         };
         let note = &placement.note;
         if self.device.device != super::device::DeviceArg::Auto || note != "device: cpu" {

@@ -1,14 +1,21 @@
 //! `--device` and `--vram-budget`: where the forward pass runs. On a GPU without a budget (or with
 //! one that holds every weight) the whole pass is resident there; with a smaller budget the FFN's
-//! hot neurons (or whole dense layers) go to the GPU and the rest runs on the CPU.
+//! hot neurons (or whole dense layers) go to the GPU and the rest runs on the CPU. The hot neurons
+//! come from PowerInfer's side file `<model>.generated.gpuidx` when there is one that fits the
+//! budget (`hotcold plan --write-gpuidx` writes it), else from the planner.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hotcold_core::engine::{ffn_bytes, CpuFfn, FfnMode, FfnOffload, GpuFfn};
+use hotcold_core::engine::{
+    ffn_bytes, hot_from_index, hot_neurons, layer_fits_kernels, CpuFfn, FfnMode, FfnOffload, GpuFfn,
+};
+use hotcold_core::gguf::GgufFile;
 use hotcold_core::gpu::forward::{check_supported, resident_bytes, GpuModel};
 use hotcold_core::gpu::{AdapterChoice, GpuContext};
 use hotcold_core::model::Model;
+use hotcold_core::placement::gpuidx::GpuIndex;
 
 /// `--device` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,9 +99,15 @@ impl Placement {
 }
 
 impl DeviceArgs {
-    /// Where these flags put `model` in FFN mode `mode`. With `resident` false (batched decoding,
-    /// which the resident pass does not run) a GPU only ever takes the FFN.
-    pub fn place(&self, model: &Model, mode: FfnMode, resident: bool) -> anyhow::Result<Placement> {
+    /// Where these flags put `model` (read from `path`) in FFN mode `mode`. With `resident` false
+    /// (batched decoding, which the resident pass does not run) a GPU only ever takes the FFN.
+    pub fn place(
+        &self,
+        path: &Path,
+        model: &Model,
+        mode: FfnMode,
+        resident: bool,
+    ) -> anyhow::Result<Placement> {
         let ctx = match self.device {
             DeviceArg::Cpu => None,
             DeviceArg::Gpu => Some(GpuContext::new(AdapterChoice::Any).context("--device gpu")?),
@@ -141,11 +154,12 @@ impl DeviceArgs {
             }
         }
         let budget = self.vram_budget.map_or(u64::MAX, |b| b.bytes(model));
-        let gpu = GpuFfn::with_budget(ctx.clone(), model, budget)?;
+        let (hot, source) = hot_set(path, model, budget)?;
+        let gpu = GpuFfn::new(ctx.clone(), model, &hot)?;
         let total = ffn_bytes(model);
         let hot: usize = gpu.hot_counts().iter().sum();
         let note = format!(
-            "{fallback}device: {}{software}: {:.1} MiB of FFN weights on the GPU ({:.1}% of the FFN, {hot} of {} neurons)",
+            "{fallback}device: {}{software}: {:.1} MiB of FFN weights on the GPU ({:.1}% of the FFN, {hot} of {} neurons{source})",
             ctx.describe(),
             gpu.bytes() as f64 / (1 << 20) as f64,
             100.0 * gpu.bytes() as f64 / total.max(1) as f64,
@@ -157,6 +171,28 @@ impl DeviceArgs {
             note,
         })
     }
+}
+
+/// The hot neurons for `budget` bytes of FFN weights: those of the GPU index next to `path` when
+/// there is one and it fits (a warning says why not when it does not), else the planner's; and
+/// the note's mention of the index.
+fn hot_set(path: &Path, model: &Model, budget: u64) -> anyhow::Result<(Vec<Vec<u32>>, String)> {
+    let usable = |il| layer_fits_kernels(model, il);
+    let index_path = GpuIndex::side_file_path(path);
+    if index_path.exists() {
+        let index = GgufFile::open(&index_path).and_then(|f| GpuIndex::read(&f));
+        let hot = index
+            .map_err(|e| e.to_string())
+            .and_then(|index| hot_from_index(model, &index, budget, usable));
+        match hot {
+            Ok(hot) => return Ok((hot, format!("; hot set from {}", index_path.display()))),
+            Err(why) => eprintln!(
+                "warning: {} not used ({why}): the planner chooses the hot neurons",
+                index_path.display()
+            ),
+        }
+    }
+    Ok((hot_neurons(model, budget, usable)?, String::new()))
 }
 
 #[cfg(test)]
