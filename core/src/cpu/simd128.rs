@@ -10,7 +10,9 @@
 //! scalar path's eight partial sums and in its order, so they give its bits. No relaxed-simd (not
 //! enabled by default in browsers), hence no fused multiply-add.
 //!
-//! Also the activation quantisers for Q8_0 and Q8_K rows, bit-exact with the scalar ones.
+//! Also the activation quantisers for Q8_0 and Q8_K rows, bit-exact with the scalar ones, and the
+//! sparse axpy over F32, F16, Q8_0 and Q4_0 rows, whose fused multiply-adds are emulated in f64
+//! with the scalar path's rounding (so its bits).
 
 // Index loops over the const-generic tile dimensions read more plainly than zipped iterators.
 #![allow(clippy::needless_range_loop)]
@@ -23,6 +25,7 @@ use crate::quant::{fp16_to_fp32, fp32_to_fp16, GgmlType, QK, QK_K};
 
 use super::act::{quantize_q8k_block_scalar, Acts};
 use super::scalar::k4_scales_mins;
+use super::sparse::{axpy_scalar, AxpyKernel};
 use super::{Kernel, NT};
 
 /// The simd128 kernel for `ty`, if there is one.
@@ -692,5 +695,238 @@ pub(crate) fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bsums: &m
             store16(&mut q[16 * j..], narrow_i32_i8(v));
         }
         *d = 1.0 / iscale;
+    }
+}
+
+/// The sparse axpy kernel (see `sparse::AxpyKernel`) for rows of `ty`, if there is one: F32,
+/// F16, Q8_0 and Q4_0 rows.
+pub(crate) fn axpy_kernel(ty: GgmlType) -> Option<AxpyKernel> {
+    Some(match ty {
+        GgmlType::F32 => axpy::<F32Rows>,
+        GgmlType::F16 => axpy::<F16Rows>,
+        GgmlType::Q8_0 => axpy::<Q8_0Rows>,
+        GgmlType::Q4_0 => axpy::<Q4_0Rows>,
+        _ => return None,
+    })
+}
+
+/// A row format whose 32-element groups the axpy decodes to exact f32 values.
+trait Rows32 {
+    /// Bytes per 32 elements.
+    const BB: usize;
+    /// The 32 values at `p`, as 8 × f32x4 (exactly the scalar dequantisation's values).
+    unsafe fn decode(p: *const u8) -> [v128; 8];
+}
+
+struct F32Rows;
+struct F16Rows;
+struct Q8_0Rows;
+struct Q4_0Rows;
+
+impl Rows32 for F32Rows {
+    const BB: usize = 128;
+    unsafe fn decode(p: *const u8) -> [v128; 8] {
+        std::array::from_fn(|k| load(p.add(16 * k)))
+    }
+}
+
+impl Rows32 for F16Rows {
+    const BB: usize = 64;
+    unsafe fn decode(p: *const u8) -> [v128; 8] {
+        let h: [v128; 4] = std::array::from_fn(|k| load(p.add(16 * k)));
+        std::array::from_fn(|k| {
+            let v = h[k / 2];
+            f16x4_to_f32(if k % 2 == 0 {
+                u32x4_extend_low_u16x8(v)
+            } else {
+                u32x4_extend_high_u16x8(v)
+            })
+        })
+    }
+}
+
+/// 32 signed 8-bit quants (two vectors) times the f16 scale at `p`, as 8 × f32x4 (exact: an
+/// 11-bit by 8-bit product).
+#[inline(always)]
+unsafe fn scaled_i8(q: [v128; 2], p: *const u8) -> [v128; 8] {
+    let d = f32x4_splat(f16_at(p));
+    std::array::from_fn(|k| {
+        let v = q[k / 4];
+        let h = if k % 4 < 2 {
+            i16x8_extend_low_i8x16(v)
+        } else {
+            i16x8_extend_high_i8x16(v)
+        };
+        let i = if k % 2 == 0 {
+            i32x4_extend_low_i16x8(h)
+        } else {
+            i32x4_extend_high_i16x8(h)
+        };
+        f32x4_mul(d, f32x4_convert_i32x4(i))
+    })
+}
+
+impl Rows32 for Q8_0Rows {
+    const BB: usize = 34;
+    unsafe fn decode(p: *const u8) -> [v128; 8] {
+        scaled_i8([load(p.add(2)), load(p.add(18))], p)
+    }
+}
+
+impl Rows32 for Q4_0Rows {
+    const BB: usize = 18;
+    unsafe fn decode(p: *const u8) -> [v128; 8] {
+        let (lo, hi) = nibbles(load(p.add(2)));
+        let eight = i8x16_splat(8);
+        scaled_i8([i8x16_sub(lo, eight), i8x16_sub(hi, eight)], p)
+    }
+}
+
+/// `fma(c, w, o)` lane by lane, rounded exactly as `f32::mul_add` (wasm has a fused multiply-add
+/// only in relaxed-simd, whose rounding is not fixed). `c · w` is exact in f64, and `c · w + o`
+/// rounded to f64 and then to f32 is the correctly rounded result unless the f64 sum sits exactly
+/// halfway between two f32 values or below f32's normal range (musl's `fmaf` argument); the rare
+/// vectors with such a lane take `f32::mul_add`.
+#[inline(always)]
+fn fma4(c: f32, w: v128, o: v128) -> v128 {
+    let cd = f64x2_splat(c as f64);
+    let sum = |w: v128, o: v128| {
+        f64x2_add(
+            f64x2_mul(cd, f64x2_promote_low_f32x4(w)),
+            f64x2_promote_low_f32x4(o),
+        )
+    };
+    let lo = sum(w, o);
+    let hi = sum(
+        i32x4_shuffle::<2, 3, 0, 1>(w, w),
+        i32x4_shuffle::<2, 3, 0, 1>(o, o),
+    );
+    let doubtful = |s: v128| {
+        let halfway = i64x2_eq(
+            v128_and(s, i64x2_splat(0x1fff_ffff)),
+            i64x2_splat(0x1000_0000),
+        );
+        let small = v128_and(
+            f64x2_lt(f64x2_abs(s), f64x2_splat(f32::MIN_POSITIVE as f64)),
+            f64x2_ne(s, f64x2_splat(0.0)),
+        );
+        v128_or(halfway, small)
+    };
+    if v128_any_true(v128_or(doubtful(lo), doubtful(hi))) {
+        let w = [
+            f32x4_extract_lane::<0>(w),
+            f32x4_extract_lane::<1>(w),
+            f32x4_extract_lane::<2>(w),
+            f32x4_extract_lane::<3>(w),
+        ];
+        let o = [
+            f32x4_extract_lane::<0>(o),
+            f32x4_extract_lane::<1>(o),
+            f32x4_extract_lane::<2>(o),
+            f32x4_extract_lane::<3>(o),
+        ];
+        return f32x4(
+            c.mul_add(w[0], o[0]),
+            c.mul_add(w[1], o[1]),
+            c.mul_add(w[2], o[2]),
+            c.mul_add(w[3], o[3]),
+        );
+    }
+    i32x4_shuffle::<0, 1, 4, 5>(f32x4_demote_f64x2_zero(lo), f32x4_demote_f64x2_zero(hi))
+}
+
+/// The simd128 sparse axpy over a row segment of `F` (see `sparse::AxpyKernel` for the contract):
+/// each 32-element group decoded once, then `out = fma(coef, w, out)` for every token in turn;
+/// the float formats' last < 32 values by the scalar kernel.
+unsafe fn axpy<F: Rows32>(
+    ty: GgmlType,
+    seg: *const u8,
+    n: usize,
+    coefs: &[f32],
+    toks: &[u32],
+    out: *mut f32,
+    stride: usize,
+) {
+    let nblk = n / QK;
+    for b in 0..nblk {
+        let w = F::decode(seg.add(b * F::BB));
+        for (&c, &t) in coefs.iter().zip(toks) {
+            let o = out.add(t as usize * stride + b * QK) as *mut u8;
+            for (k, &w) in w.iter().enumerate() {
+                let p = o.add(16 * k);
+                v128_store(p as *mut v128, fma4(c, w, load(p)));
+            }
+        }
+    }
+    if nblk * QK < n {
+        let done = nblk * QK;
+        axpy_scalar(
+            ty,
+            seg.add(nblk * F::BB),
+            n - done,
+            coefs,
+            toks,
+            out.add(done),
+            stride,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::tests::Rng;
+
+    /// `fma4` against `f32::mul_add` lane by lane, bit for bit.
+    fn check(c: f32, w: [f32; 4], o: [f32; 4]) {
+        let got = fma4(
+            c,
+            f32x4(w[0], w[1], w[2], w[3]),
+            f32x4(o[0], o[1], o[2], o[3]),
+        );
+        let got = [
+            f32x4_extract_lane::<0>(got),
+            f32x4_extract_lane::<1>(got),
+            f32x4_extract_lane::<2>(got),
+            f32x4_extract_lane::<3>(got),
+        ];
+        for k in 0..4 {
+            assert_eq!(
+                got[k].to_bits(),
+                c.mul_add(w[k], o[k]).to_bits(),
+                "fma({c:e}, {:e}, {:e})",
+                w[k],
+                o[k]
+            );
+        }
+    }
+
+    #[test]
+    fn emulated_fma_rounds_as_mul_add() {
+        // c·w + o = 1 + 3·2^-24 − 2^-54: rounded to f64 it is the midpoint between 1 + 2^-23 and
+        // 1 + 2^-22, which a second rounding would send to the even 1 + 2^-22; fused, 1 + 2^-23
+        let (c, w, o) = (
+            1.0 + 2f32.powi(-15),
+            2f32.powi(-24) * (1.0 - 2f32.powi(-15)),
+            1.0 + 2f32.powi(-23),
+        );
+        let naive = (c as f64 * w as f64 + o as f64) as f32;
+        assert_ne!(naive, c.mul_add(w, o), "the case must need the fallback");
+        check(c, [w, -w, w, 0.5], [o, -o, 1.0, 0.25]);
+        // results below f32's normal range, zeros, infinities
+        check(
+            2f32.powi(-70),
+            [2f32.powi(-70), -2f32.powi(-75), 0.0, 1.0],
+            [f32::from_bits(3), 0.0, -0.0, f32::INFINITY],
+        );
+        let mut rng = Rng(0x5eed_f3a);
+        for i in 0..200_000 {
+            let scale = 2f32.powi(rng.int(-30, 30));
+            let c = rng.f() * scale;
+            let w: [f32; 4] =
+                std::array::from_fn(|_| rng.f() * if i % 3 == 0 { 1.0 } else { 1e-4 });
+            let o: [f32; 4] = std::array::from_fn(|_| rng.f() * scale);
+            check(c, w, o);
+        }
     }
 }

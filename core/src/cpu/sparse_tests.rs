@@ -20,6 +20,9 @@ fn matmul_levels() -> Vec<Level> {
 /// The axpy levels this CPU can run (its AVX-512 kernels need only F/BW/VL, not VNNI).
 fn axpy_levels() -> Vec<Level> {
     let mut v = vec![Level::Scalar];
+    if Level::Simd128.available() {
+        v.push(Level::Simd128);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if Level::detect() >= Level::Avx2 {
