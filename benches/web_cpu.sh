@@ -13,11 +13,12 @@ if [ -n "${1:-}" ]; then export HOTCOLD_WEB_BENCH_TOKENS=$1; fi
 cargo test -p hotcold-web --test web_cpu_bench --locked --quiet -- --ignored --nocapture 2>&1 \
     | grep '^wasm cpu'
 CACHE=${HOTCOLD_CACHE:-$HOME/.cache/hotcold}
-cargo build -q --release -p hotcold-native
+# the test profile (optimised) that web/build.sh built the model generator with
 for model in web/www/models/tiny.gguf "$CACHE/gemma-3-270m-q4_k_m.gguf"; do
     for simd in scalar native; do
         line=$( (if [ "$simd" = scalar ]; then export HOTCOLD_SIMD=scalar; fi
-            ./target/release/hotcold bench -m "$model" -t 1 -p 16 -n "${1:-32}" -r 2) | grep -E '^\|.*\| tg[0-9]+ ')
+            cargo run -p hotcold-native --profile test --locked --quiet -- \
+                bench -m "$model" -t 1 -p 16 -n "${1:-32}" -r 2) | grep -E '^\|.*\| tg[0-9]+ ')
         echo "native -t 1 $(basename "$model") $simd: $line"
     done
 done

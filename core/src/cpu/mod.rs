@@ -26,6 +26,13 @@
 /// [`Kernel`]: tiles of R·N ≤ 4 (4 rows for one token, 2 × 2, one row for 3–4 tokens), which keeps
 /// the accumulators and unpacked weights in 16 vector registers (x86's ymm, the xmm registers a
 /// browser maps wasm's v128 onto) and gives 4 independent accumulation chains.
+#[cfg_attr(
+    not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )),
+    allow(unused_macros)
+)]
 macro_rules! tiled_kernel {
     ($f:ident) => {
         |w: &[u8], rb: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
