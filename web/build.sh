@@ -15,9 +15,11 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$version" 
     cargo install wasm-bindgen-cli --version "$version"
 fi
 
-# No debug line tables in the shipped module (the native release profile keeps them); wasm SIMD
-# (simd128, in every current browser) lets LLVM vectorise the portable kernels' independent
-# accumulators, which keeps their results bit-identical to the scalar order.
+# No debug line tables in the shipped module (the native release profile keeps them). simd128 (in
+# every current browser; wasm has no run-time feature detection) compiles in hotcold-core's
+# simd128 kernels (core/src/cpu/simd128.rs), the CPU path's default: greedy decode about 2x (tiny)
+# to 2.6x (Gemma 3 270M) the scalar kernels' speed (bash benches/web_cpu.sh; the page's
+# ?simd=scalar runs the scalar kernels).
 CARGO_PROFILE_RELEASE_DEBUG=false \
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=+simd128" \
     cargo build -p hotcold-web --target wasm32-unknown-unknown --release --locked

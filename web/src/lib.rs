@@ -35,6 +35,16 @@ pub fn init() {
     std::panic::set_hook(Box::new(|info| console_error(&info.to_string())));
 }
 
+/// Sets the wasm CPU kernels' SIMD path (`scalar` or `simd128`; see hotcold-core's
+/// `cpu::set_simd_level`) before the first model runs, to compare the two in one page build;
+/// returns the path that runs. Errors for an unknown name or once a kernel has run on another path.
+#[wasm_bindgen]
+pub fn set_simd(name: &str) -> Result<String, JsError> {
+    hotcold_core::cpu::set_simd_level(name)
+        .map(str::to_string)
+        .map_err(js_error)
+}
+
 /// The FFN mode named `name` (`auto`/empty: the model's default).
 pub fn parse_ffn_mode(name: &str) -> Result<Option<FfnMode>, String> {
     match name {

@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hotcold_core::engine::{generate, thread_pool, GenerateOptions, Session};
@@ -20,20 +20,11 @@ use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
 use hotcold_core::sample::{Sampler, SamplerConfig};
 use hotcold_core::tokenizer::Tokenizer;
+use support::find_program;
 use support::http::serve_dir;
 use support::webdriver::Browser;
 
 const PROMPT: &str = "The capital of France is";
-
-/// `name` on the PATH (or the usual Debian location).
-fn find_program(name: &str) -> Option<String> {
-    let dirs = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&dirs)
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .map(|p| p.to_string_lossy().into_owned())
-}
 
 /// What `hotcold run -m MODEL -p PROMPT -n N --temp 0` prints after the prompt.
 fn native_greedy_text(model_path: &Path, n_tokens: usize) -> String {

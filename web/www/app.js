@@ -1,6 +1,7 @@
 // The page: loads the wasm engine and a model, streams a generation token by token, and draws
 // the sparsity pictures. Query parameters (?model=URL&prompt=…&n=…&run=1&compute=auto|webgpu|cpu)
-// preload a model and start a generation, which the browser test uses; document.body.dataset.state
+// preload a model and start a generation, which the browser test uses (and &simd=scalar|simd128
+// picks the CPU kernels, for benches/web_cpu.sh); document.body.dataset.state
 // tells where the page is (starting, idle, loading, ready, generating, done, error) and
 // document.body.dataset.backend which compute path ran.
 //
@@ -9,7 +10,7 @@
 // pass runs on the GPU and each token is awaited (start_async, next_token_async); on the wasm CPU
 // path the calls are synchronous (start, next_token).
 
-import init, { Engine } from './pkg/hotcold_web.js';
+import init, { Engine, set_simd } from './pkg/hotcold_web.js';
 import { drawDensity, drawHeatmap } from './charts.js';
 import { webgpuAdapter } from './webgpu.js';
 
@@ -178,7 +179,9 @@ function drawPictures() {
 }
 
 function showSpeed() {
-  const t = JSON.parse(engine.timings());
+  const timings = engine.timings();
+  document.body.dataset.timings = timings;
+  const t = JSON.parse(timings);
   $('speed').textContent = `prompt ${t.prompt_tokens} tokens in ${(t.prompt_secs * 1000).toFixed(0)} ms · `
     + `${t.generated_tokens} tokens, ${t.decode_tok_per_s.toFixed(1)} tok/s · `
     + (t.computed_density === null
@@ -248,6 +251,7 @@ async function main() {
   document.body.dataset.pageLoadMs = pageMs.toFixed(0);
   setState('idle');
   const params = new URLSearchParams(location.search);
+  if (params.has('simd')) set_simd(params.get('simd'));
   if (params.has('prompt')) $('prompt').value = params.get('prompt');
   if (params.has('n')) $('max-tokens').value = params.get('n');
   if (params.has('ffn')) $('ffn').value = params.get('ffn');

@@ -280,6 +280,11 @@ fn quantize_q8_0_row(level: Level, x: &[f32], q: &mut [i8], d: &mut [f32], isum:
         unsafe { super::avx2::quantize_q8_0_row(x, q, d, isum) };
         return;
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if level == Level::Simd128 {
+        super::simd128::quantize_q8_0_row(x, q, d, isum);
+        return;
+    }
     let _ = level;
     for (((x, q), d), isum) in x
         .chunks_exact(QK)
@@ -312,6 +317,11 @@ pub(crate) fn quantize_q8k_row(
     if level >= Level::Avx2 {
         // SAFETY: AVX2 was detected (a level is only ever at most the detected one).
         unsafe { super::avx2::quantize_q8k_row(x, q, d, bsums) };
+        return;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if level == Level::Simd128 {
+        super::simd128::quantize_q8k_row(x, q, d, bsums);
         return;
     }
     let _ = level;

@@ -16,65 +16,21 @@ use super::act::Acts;
 use super::scalar::k4_scales_mins;
 use super::{Kernel, NT};
 
-/// Wraps `$f::<R, N>(w, rb, a, t0, out)` into a [`Kernel`]: tiles of R rows × N tokens with
-/// R·N ≤ 4 (4 rows for one token, 2 × 2, one row for 3–4 tokens), which keeps the accumulators
-/// and unpacked weights in the 16 ymm registers and gives 4 independent FMA chains.
-macro_rules! tiles {
-    ($f:ident) => {
-        |w: &[u8], rb: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
-            assert!(
-                w.len() >= nr * rb
-                    && (1..=NT).contains(&nt)
-                    && t0 + nt <= a.n
-                    && out.len() >= nr * NT
-            );
-            let rmax: usize = match nt {
-                1 => 4,
-                2 => 2,
-                _ => 1,
-            };
-            let mut i = 0;
-            while i < nr {
-                let r = match (nr - i).min(rmax) {
-                    4.. => 4,
-                    2 | 3 => 2,
-                    _ => 1,
-                };
-                let (wp, o) = (w[i * rb..].as_ptr(), &mut out[i * NT..]);
-                // SAFETY: only selected when the CPU has AVX2, FMA and F16C; rows i..i+r and
-                // tokens t0..t0+nt exist (asserted above).
-                unsafe {
-                    match (r, nt) {
-                        (4, _) => $f::<4, 1>(wp, rb, a, t0, o),
-                        (2, 1) => $f::<2, 1>(wp, rb, a, t0, o),
-                        (2, _) => $f::<2, 2>(wp, rb, a, t0, o),
-                        (_, 1) => $f::<1, 1>(wp, rb, a, t0, o),
-                        (_, 2) => $f::<1, 2>(wp, rb, a, t0, o),
-                        (_, 3) => $f::<1, 3>(wp, rb, a, t0, o),
-                        (_, _) => $f::<1, 4>(wp, rb, a, t0, o),
-                    }
-                }
-                i += r;
-            }
-        }
-    };
-}
-
 /// The AVX2 kernel for `ty`, if there is one.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     use GgmlType::*;
     Some(match ty {
-        F32 => tiles!(dot_f32),
-        F16 => tiles!(dot_f16),
-        BF16 => tiles!(dot_bf16),
-        Q4_0 => tiles!(dot_q4_0),
-        Q4_1 => tiles!(dot_q4_1),
-        Q5_0 => tiles!(dot_q5_0),
-        Q5_1 => tiles!(dot_q5_1),
-        Q8_0 => tiles!(dot_q8_0),
-        Q4_K => tiles!(dot_q4_k),
-        Q5_K => tiles!(dot_q5_k),
-        Q6_K => tiles!(dot_q6_k),
+        F32 => tiled_kernel!(dot_f32),
+        F16 => tiled_kernel!(dot_f16),
+        BF16 => tiled_kernel!(dot_bf16),
+        Q4_0 => tiled_kernel!(dot_q4_0),
+        Q4_1 => tiled_kernel!(dot_q4_1),
+        Q5_0 => tiled_kernel!(dot_q5_0),
+        Q5_1 => tiled_kernel!(dot_q5_1),
+        Q8_0 => tiled_kernel!(dot_q8_0),
+        Q4_K => tiled_kernel!(dot_q4_k),
+        Q5_K => tiled_kernel!(dot_q5_k),
+        Q6_K => tiled_kernel!(dot_q6_k),
         _ => return None,
     })
 }

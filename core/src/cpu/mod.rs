@@ -10,6 +10,9 @@
 //! - `act`: activation quantisation (ggml's x86 `quantize_row_q8_0` / `q8_1`, `quantize_row_q8_K`).
 //! - `scalar`: the portable kernels, also the reference for tests.
 //! - `avx2` / `avx512`: x86-64 kernels behind runtime feature detection (never AMX).
+//! - `simd128`: wasm32 kernels (the browser's CPU path), compiled in with
+//!   `-C target-feature=+simd128` (wasm has no run-time detection: a module either validates
+//!   with SIMD instructions or not at all).
 //!
 //! Work is split over output rows with rayon in the *current* pool. Kernels compute tiles of up to
 //! 4 rows × 4 tokens; for a batch each task keeps its rows in cache while it sweeps all token
@@ -17,6 +20,60 @@
 //! high bits, f16 and 6-bit scales) so that the token sweeps only load them. Decode (one token)
 //! streams the weights once, with software prefetch a few KiB ahead. No allocation per call
 //! beyond thread-local buffers that are reused.
+
+/// Wraps `$f::<R, N>(w, rb, a, t0, out)`, an `unsafe fn` computing a tile of R weight rows × N
+/// tokens whose only requirement beyond in-bounds rows and tokens is its instruction set, into a
+/// [`Kernel`]: tiles of R·N ≤ 4 (4 rows for one token, 2 × 2, one row for 3–4 tokens), which keeps
+/// the accumulators and unpacked weights in 16 vector registers (x86's ymm, the xmm registers a
+/// browser maps wasm's v128 onto) and gives 4 independent accumulation chains.
+#[cfg_attr(
+    not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )),
+    allow(unused_macros)
+)]
+macro_rules! tiled_kernel {
+    ($f:ident) => {
+        |w: &[u8], rb: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
+            assert!(
+                w.len() >= nr * rb
+                    && (1..=NT).contains(&nt)
+                    && t0 + nt <= a.n
+                    && out.len() >= nr * NT
+            );
+            let rmax: usize = match nt {
+                1 => 4,
+                2 => 2,
+                _ => 1,
+            };
+            let mut i = 0;
+            while i < nr {
+                let r = match (nr - i).min(rmax) {
+                    4.. => 4,
+                    2 | 3 => 2,
+                    _ => 1,
+                };
+                let (wp, o) = (w[i * rb..].as_ptr(), &mut out[i * NT..]);
+                // SAFETY: a kernel is only selected for a level whose instruction set this CPU
+                // has (see `Level::available`); rows i..i+r and tokens t0..t0+nt exist (asserted
+                // above).
+                unsafe {
+                    match (r, nt) {
+                        (4, _) => $f::<4, 1>(wp, rb, a, t0, o),
+                        (2, 1) => $f::<2, 1>(wp, rb, a, t0, o),
+                        (2, _) => $f::<2, 2>(wp, rb, a, t0, o),
+                        (_, 1) => $f::<1, 1>(wp, rb, a, t0, o),
+                        (_, 2) => $f::<1, 2>(wp, rb, a, t0, o),
+                        (_, 3) => $f::<1, 3>(wp, rb, a, t0, o),
+                        (_, _) => $f::<1, 4>(wp, rb, a, t0, o),
+                    }
+                }
+                i += r;
+            }
+        }
+    };
+}
 
 pub mod ops;
 pub mod sparse;
@@ -28,6 +85,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod scalar;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128;
 #[cfg(test)]
 mod tests;
 
@@ -105,6 +164,12 @@ impl<'a> Matrix<'a> {
 pub(crate) enum Level {
     /// Portable Rust (the reference).
     Scalar,
+    /// wasm simd128 (the module is built with `-C target-feature=+simd128`).
+    #[cfg_attr(
+        not(all(target_arch = "wasm32", target_feature = "simd128")),
+        allow(dead_code)
+    )]
+    Simd128,
     /// AVX2 + FMA (+ F16C).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
@@ -117,6 +182,7 @@ impl Level {
     fn name(self) -> &'static str {
         match self {
             Level::Scalar => "scalar",
+            Level::Simd128 => "simd128",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
         }
@@ -125,6 +191,7 @@ impl Level {
     fn from_name(name: &str) -> Option<Level> {
         match name.trim().to_ascii_lowercase().as_str() {
             "scalar" | "none" => Some(Level::Scalar),
+            "simd128" => Some(Level::Simd128),
             "avx2" => Some(Level::Avx2),
             "avx512" => Some(Level::Avx512),
             _ => None,
@@ -150,32 +217,85 @@ impl Level {
                 return Level::Avx2;
             }
         }
+        if cfg!(all(target_arch = "wasm32", target_feature = "simd128")) {
+            return Level::Simd128;
+        }
         Level::Scalar
     }
 
-    /// The level that runs: the detected one, lowered (never raised) by `HOTCOLD_SIMD`.
+    /// Whether this CPU can run the level: scalar always, simd128 in a SIMD wasm module, the x86
+    /// levels up to the detected one.
+    fn available(self) -> bool {
+        let best = Level::detect();
+        match self {
+            Level::Scalar => true,
+            Level::Simd128 => best == Level::Simd128,
+            Level::Avx2 | Level::Avx512 => best >= self,
+        }
+    }
+
+    /// `asked` lowered to what this CPU runs (never raised): the lower of it and the detected
+    /// level, or scalar where that is another family's (simd128 asked for on x86).
+    fn lowered_to(asked: Level) -> Level {
+        let level = asked.min(Level::detect());
+        if level.available() {
+            level
+        } else {
+            Level::Scalar
+        }
+    }
+
+    /// The level that runs: the detected one, lowered (never raised) by `HOTCOLD_SIMD` or by
+    /// [`set_simd_level`] before the first kernel ran.
     fn current() -> Level {
-        static LEVEL: OnceLock<Level> = OnceLock::new();
         *LEVEL.get_or_init(|| {
-            let best = Level::detect();
             match std::env::var("HOTCOLD_SIMD")
                 .ok()
                 .as_deref()
                 .and_then(Level::from_name)
             {
-                Some(asked) => asked.min(best),
-                None => best,
+                Some(asked) => Level::lowered_to(asked),
+                None => Level::detect(),
             }
         })
     }
 }
 
-/// Which SIMD path [`matmul`] runs: `"avx512"`, `"avx2"` or `"scalar"` (for logs and benches).
+/// The level chosen on first use (see [`Level::current`]).
+static LEVEL: OnceLock<Level> = OnceLock::new();
+
+/// Which SIMD path [`matmul`] runs: `"avx512"`, `"avx2"`, `"simd128"` or `"scalar"` (for logs and
+/// benches).
 ///
-/// Detected once at run time (AVX-512 needs F, BW, VL and VNNI; AVX2 needs FMA and F16C). The
-/// environment variable `HOTCOLD_SIMD=scalar|avx2|avx512` can lower (never raise) the level.
+/// Detected once at run time on x86-64 (AVX-512 needs F, BW, VL and VNNI; AVX2 needs FMA and
+/// F16C); on wasm32, `"simd128"` when the module was built with `-C target-feature=+simd128`. The
+/// environment variable `HOTCOLD_SIMD=scalar|simd128|avx2|avx512` (or [`set_simd_level`]) can
+/// lower (never raise) the level.
 pub fn simd_level() -> &'static str {
     Level::current().name()
+}
+
+/// Lowers the SIMD path for the rest of the process, as `HOTCOLD_SIMD` does, for front-ends
+/// without environment variables (the browser page's `simd` parameter, to compare paths).
+/// Returns the level that runs (a path this CPU lacks is lowered: see [`simd_level`]).
+///
+/// Errors: [`Error::InvalidArgument`] for an unknown name, or when a kernel already ran on
+/// another level (the level is fixed on first use).
+pub fn set_simd_level(name: &str) -> Result<&'static str> {
+    let asked = Level::from_name(name).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "unknown SIMD level {name:?} (expected scalar, simd128, avx2 or avx512)"
+        ))
+    })?;
+    let level = Level::lowered_to(asked);
+    let now = *LEVEL.get_or_init(|| level);
+    if now != level {
+        return Err(Error::InvalidArgument(format!(
+            "the SIMD level is already {} (it is fixed when the first kernel runs)",
+            now.name()
+        )));
+    }
+    Ok(now.name())
 }
 
 /// The activation format and kernels for a weight type, or `None` when unsupported.
@@ -320,7 +440,7 @@ pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) -> Result<(
     matmul_at(Level::current(), w, x, n_tokens, y)
 }
 
-/// [`matmul`] on a named SIMD path (`"scalar"`, `"avx2"`, `"avx512"`), for benches and tests that
+/// [`matmul`] on a named SIMD path (`"scalar"`, `"simd128"`, `"avx2"`, `"avx512"`), for benches and tests that
 /// compare paths in one process. A path this CPU lacks gives [`Error::InvalidArgument`].
 #[doc(hidden)]
 pub fn matmul_with_simd(
@@ -332,7 +452,7 @@ pub fn matmul_with_simd(
 ) -> Result<()> {
     let level = Level::from_name(simd)
         .ok_or_else(|| Error::InvalidArgument(format!("unknown SIMD level {simd:?}")))?;
-    if level > Level::detect() {
+    if !level.available() {
         return Err(Error::InvalidArgument(format!(
             "this CPU cannot run the {simd} path (best: {})",
             Level::detect().name()
@@ -387,6 +507,12 @@ fn kernel_for(level: Level, ty: GgmlType) -> Kernel {
             if let Some(k) = avx2::kernel(ty) {
                 return k;
             }
+        }
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if level == Level::Simd128 {
+        if let Some(k) = simd128::kernel(ty) {
+            return k;
         }
     }
     let _ = level;

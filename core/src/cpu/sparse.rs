@@ -609,7 +609,7 @@ thread_local! {
 /// # Safety
 /// `seg` must hold the blocks of `n` elements; every `out + toks[j] * stride .. + n` must be
 /// valid for reads and writes and not accessed concurrently; the CPU must have the kernel's ISA.
-type AxpyKernel = unsafe fn(
+pub(super) type AxpyKernel = unsafe fn(
     ty: GgmlType,
     seg: *const u8,
     n: usize,
@@ -665,6 +665,12 @@ fn axpy_kernel(level: Level, ty: GgmlType) -> AxpyKernel {
             }
         }
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if level == Level::Simd128 {
+        if let Some(k) = super::simd128::axpy_kernel(ty) {
+            return k;
+        }
+    }
     let _ = (level, ty);
     axpy_scalar
 }
@@ -676,7 +682,7 @@ fn granule(ty: GgmlType) -> usize {
 }
 
 /// The portable kernel (any dequantisable type): dequantises a granule at a time into a buffer.
-unsafe fn axpy_scalar(
+pub(super) unsafe fn axpy_scalar(
     ty: GgmlType,
     seg: *const u8,
     n: usize,

@@ -2,7 +2,7 @@
 //! axpy against an f64 reference on dequantised weights (all neurons active and 10%), bit-exact
 //! across thread counts and SIMD paths, skipped zeros, and argument errors.
 
-use super::super::tests::Rng;
+use super::super::tests::{in_pool, Rng};
 use super::super::{matmul, matmul_at, Level, Matrix};
 use super::*;
 use crate::quant::{dequantize, quantize, GgmlType};
@@ -11,19 +11,18 @@ const TYPES: &[GgmlType] = super::super::MATMUL_TYPES;
 
 /// The dense matmul levels this CPU can run.
 fn matmul_levels() -> Vec<Level> {
-    let mut v = vec![Level::Scalar];
-    if Level::detect() >= Level::Avx2 {
-        v.push(Level::Avx2);
-    }
-    if Level::detect() >= Level::Avx512 {
-        v.push(Level::Avx512);
-    }
-    v
+    [Level::Scalar, Level::Simd128, Level::Avx2, Level::Avx512]
+        .into_iter()
+        .filter(|l| l.available())
+        .collect()
 }
 
 /// The axpy levels this CPU can run (its AVX-512 kernels need only F/BW/VL, not VNNI).
 fn axpy_levels() -> Vec<Level> {
     let mut v = vec![Level::Scalar];
+    if Level::Simd128.available() {
+        v.push(Level::Simd128);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if Level::detect() >= Level::Avx2 {
@@ -46,13 +45,6 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut data = vec![0u8; ty.row_bytes(cols as u64).unwrap() as usize * rows];
     quantize(ty, &f, &mut data).unwrap();
     data
-}
-
-fn pool(n: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .unwrap()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -100,9 +92,10 @@ fn gather_is_bit_identical_to_dense() {
                     let n = idx.len();
                     for threads in [1, 2, 3] {
                         let mut y = vec![f32::NAN; n_tokens * n];
-                        pool(threads)
-                            .install(|| gather_matmul_at(level, &w, idx, &x, n_tokens, &mut y))
-                            .unwrap();
+                        in_pool(threads, || {
+                            gather_matmul_at(level, &w, idx, &x, n_tokens, &mut y)
+                        })
+                        .unwrap();
                         for t in 0..n_tokens {
                             for (k, &r) in idx.iter().enumerate() {
                                 assert_eq!(
@@ -133,7 +126,7 @@ fn gather_large_rows_match_dense() {
             let mut dense = vec![0f32; n_tokens * rows];
             matmul(&w, &x, n_tokens, &mut dense).unwrap();
             let mut y = vec![0f32; n_tokens * idx.len()];
-            pool(2).install(|| gather_matmul(&w, &idx, &x, n_tokens, &mut y).unwrap());
+            in_pool(2, || gather_matmul(&w, &idx, &x, n_tokens, &mut y).unwrap());
             for t in 0..n_tokens {
                 for (k, &r) in idx.iter().enumerate() {
                     assert_eq!(
@@ -279,7 +272,7 @@ fn axpy_is_deterministic_across_thread_counts() {
                 let mut first: Option<Vec<u32>> = None;
                 for threads in [1, 2, 3, 5] {
                     let mut out = out0.clone();
-                    pool(threads).install(|| sparse_axpy(&w, &a, n_tokens, &mut out).unwrap());
+                    in_pool(threads, || sparse_axpy(&w, &a, n_tokens, &mut out).unwrap());
                     let b = bits(&out);
                     match &first {
                         None => first = Some(b),
@@ -401,9 +394,7 @@ fn check_sets(
 ) {
     let total: usize = sets.iter().map(Vec::len).sum();
     let mut y = vec![f32::NAN; total];
-    pool(threads)
-        .install(|| gather_matmul_sets_at(level, w, sets, x, &mut y))
-        .unwrap();
+    in_pool(threads, || gather_matmul_sets_at(level, w, sets, x, &mut y)).unwrap();
     let mut off = 0;
     for (t, set) in sets.iter().enumerate() {
         for (k, &r) in set.iter().enumerate() {
@@ -466,9 +457,10 @@ fn gather_sets_of_several_matrices_equal_one_call_each() {
             }
             for threads in [1, 2, 3] {
                 let (mut a, mut b) = (vec![f32::NAN; total], vec![f32::NAN; total]);
-                pool(threads)
-                    .install(|| gather_matmul_sets_multi(&ws, &sets, &x, &mut [&mut a, &mut b]))
-                    .unwrap();
+                in_pool(threads, || {
+                    gather_matmul_sets_multi(&ws, &sets, &x, &mut [&mut a, &mut b])
+                })
+                .unwrap();
                 assert_eq!(
                     bits(&a),
                     bits(&want[0]),

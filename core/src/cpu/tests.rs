@@ -36,16 +36,25 @@ impl Rng {
     }
 }
 
+/// Runs `f` on a rayon pool of `n` threads; on wasm32, which has no threads, on the calling
+/// thread (the thread-count tests then check the single-threaded result there).
+pub(super) fn in_pool<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
+    if cfg!(target_arch = "wasm32") {
+        return f();
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
 /// The SIMD levels this CPU can run, scalar first.
 fn levels() -> Vec<&'static str> {
-    let mut v = vec!["scalar"];
-    if Level::detect() >= Level::Avx2 {
-        v.push("avx2");
-    }
-    if Level::detect() >= Level::Avx512 {
-        v.push("avx512");
-    }
-    v
+    ["scalar", "simd128", "avx2", "avx512"]
+        .into_iter()
+        .filter(|name| Level::from_name(name).is_some_and(Level::available))
+        .collect()
 }
 
 /// Columns to test for a type (a few block counts).
@@ -274,12 +283,8 @@ fn results_do_not_depend_on_thread_count() {
         let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
         let mut outs = Vec::new();
         for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
             let mut y = vec![0f32; n * rows];
-            pool.install(|| matmul(&w, &x, n, &mut y)).unwrap();
+            in_pool(threads, || matmul(&w, &x, n, &mut y)).unwrap();
             outs.push(y);
         }
         assert_eq!(outs[0], outs[1], "{ty}");
@@ -354,7 +359,21 @@ fn bad_arguments_are_errors() {
 
 #[test]
 fn simd_level_is_named() {
-    assert!(["scalar", "avx2", "avx512"].contains(&simd_level()));
+    assert!(["scalar", "simd128", "avx2", "avx512"].contains(&simd_level()));
+    if cfg!(all(target_arch = "wasm32", target_feature = "simd128"))
+        && std::env::var_os("HOTCOLD_SIMD").is_none()
+    {
+        assert_eq!(simd_level(), "simd128");
+        assert_eq!(levels(), ["scalar", "simd128"]);
+    }
+    assert_eq!(set_simd_level(simd_level()).unwrap(), simd_level());
+    assert!(set_simd_level("sse9").is_err());
+    if simd_level() != "scalar" {
+        assert!(
+            set_simd_level("scalar").is_err(),
+            "the level is fixed once chosen"
+        );
+    }
 }
 
 #[test]

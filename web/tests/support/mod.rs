@@ -6,3 +6,13 @@
 pub mod http;
 /// chromedriver and a browser session.
 pub mod webdriver;
+
+/// `name` on the PATH (or the usual Debian location).
+pub fn find_program(name: &str) -> Option<String> {
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&dirs)
+        .chain([std::path::PathBuf::from("/usr/bin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .map(|p| p.to_string_lossy().into_owned())
+}
