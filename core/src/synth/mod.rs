@@ -68,6 +68,12 @@
 //! `hotcold.ffn_activation`, `hotcold.synth.preset`, `hotcold.synth.seed` (u64),
 //! `hotcold.synth.sparsity` (f32 target), `hotcold.synth.zipf_exponent` (f32). Nothing else:
 //! PowerInfer ignores unknown keys but not unknown tensors.
+//!
+//! # Dense SwiGLU (`dense_silu`)
+//! For the training-free sparsity modes (CATS, TEAL), [`SynthConfig::dense_silu`] writes the same
+//! `llama` weights as a plain llama.cpp file of a dense SwiGLU model: `GGUF` magic,
+//! `hotcold.ffn_activation = silu` (`down(silu(gate·h) ⊙ up·h)`, no ReLU, so no neuron is
+//! naturally zero), a row-major `ffn_down` (`ffn_down_t` transposed) and no predictor.
 
 mod layer;
 pub mod rng;
@@ -179,6 +185,9 @@ pub struct SynthConfig {
     pub rank: usize,
     /// Exponent of the Zipf law of per-neuron frequencies.
     pub zipf_exponent: f32,
+    /// A dense SwiGLU `llama` in llama.cpp's layout instead of a ReLU PowerInfer file (see the
+    /// module docs).
+    pub dense_silu: bool,
 }
 
 impl SynthConfig {
@@ -221,11 +230,18 @@ impl SynthConfig {
             n_ctx,
             rank,
             zipf_exponent: 1.2,
+            dense_silu: false,
         })
     }
 
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.dense_silu && self.arch != SynthArch::Llama {
+            return bad(format!(
+                "a dense SiLU FFN is a llama (SwiGLU) option, not {}",
+                self.arch.name()
+            ));
+        }
         if !matches!(self.ty, GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0) {
             return bad(format!(
                 "synth weight type {} (expected f16, q8_0 or q4_0)",
@@ -348,7 +364,10 @@ pub const OPT_POSITIONS: usize = 2050;
 /// A writer holding the file's metadata and no tensors.
 fn metadata(cfg: &SynthConfig) -> GgufWriter<'static> {
     let arch = cfg.arch.name();
-    let mut w = GgufWriter::new(Magic::PowerInfer);
+    let mut w = GgufWriter::new(match cfg.dense_silu {
+        true => Magic::Gguf,
+        false => Magic::PowerInfer,
+    });
     let key = |k: &str| format!("{arch}.{k}");
     let u32v = |v: usize| MetaValue::U32(v as u32);
     w.set("general.architecture", MetaValue::String(arch.into()));
@@ -383,13 +402,19 @@ fn metadata(cfg: &SynthConfig) -> GgufWriter<'static> {
     if cfg.arch != SynthArch::Opt {
         w.set(key("rope.freq_base"), MetaValue::F32(10000.0));
     }
-    w.set(
-        "powerinfer.sparse_threshold",
-        MetaValue::F32(cfg.threshold()),
-    );
+    if !cfg.dense_silu {
+        w.set(
+            "powerinfer.sparse_threshold",
+            MetaValue::F32(cfg.threshold()),
+        );
+    }
+    let activation = match cfg.dense_silu {
+        true => "silu",
+        false => cfg.arch.activation(),
+    };
     w.set(
         "hotcold.ffn_activation",
-        MetaValue::String(cfg.arch.activation().into()),
+        MetaValue::String(activation.into()),
     );
     w.set(
         "hotcold.synth.preset",
@@ -739,6 +764,13 @@ fn add_layer<'w>(
         })?;
     }
     ffn += add(sink, report, n("ffn_up.weight"), ty, f, e, || &lw().up)?;
+    if cfg.dense_silu {
+        ffn += add(sink, report, n("ffn_down.weight"), ty, e, f, || {
+            transpose(&lw().down_t, f, e)
+        })?;
+        report.ffn_bytes += ffn;
+        return Ok(());
+    }
     ffn += add(sink, report, n("ffn_down_t.weight"), ty, f, e, || {
         &lw().down_t
     })?;
@@ -764,6 +796,17 @@ fn report_frequencies(report: &mut SynthReport, freq: &[f64]) {
         .layer_density
         .push((total / freq.len() as f64) as f32);
     report.layer_top10_share.push((top / total) as f32);
+}
+
+/// The `cols × rows` transpose of the row-major `rows × cols` matrix `m`.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; m.len()];
+    t.par_chunks_mut(rows).enumerate().for_each(|(c, out)| {
+        for (r, v) in out.iter_mut().enumerate() {
+            *v = m[r * cols + c];
+        }
+    });
+    t
 }
 
 /// Quantises rows of `cols` f32 values into `ty`, in parallel.

@@ -274,6 +274,39 @@ fn layer0_sparsity_on_text() {
     }
 }
 
+/// `dense_silu`: a llama.cpp file of a dense SwiGLU llama whose row-major `ffn_down` is the ReLU
+/// file's `ffn_down_t` transposed, with no predictor; other architectures are refused.
+#[test]
+fn dense_silu_file_is_a_plain_swiglu_llama() {
+    let relu = tiny(GgmlType::F16, SynthArch::Llama);
+    let mut cfg = SynthConfig::preset("tiny").unwrap();
+    cfg.dense_silu = true;
+    let (w, report) = build(&cfg).unwrap();
+    let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    assert_eq!(f.magic(), Magic::Gguf);
+    assert_eq!(f.get_str("hotcold.ffn_activation").unwrap(), Some("silu"));
+    assert_eq!(f.get_f32("powerinfer.sparse_threshold").unwrap(), None);
+    assert_eq!(report.predictor_bytes, 0);
+    for il in 0..2 {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        for gone in ["ffn_down_t", "fc1", "fc2"] {
+            assert!(f.tensor(&n(gone)).is_none(), "{gone}");
+        }
+        let (down, cols) = matrix(&f, &n("ffn_down"));
+        let (down_t, cols_t) = matrix(&relu, &n("ffn_down_t"));
+        assert_eq!((cols, cols_t), (512, 128));
+        for (r, row) in down.chunks_exact(cols).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                assert_eq!(v, down_t[c * cols_t + r], "blk.{il} down[{r}, {c}]");
+            }
+        }
+        assert_eq!(matrix(&f, &n("ffn_gate")), matrix(&relu, &n("ffn_gate")));
+    }
+    cfg.arch = SynthArch::Bamboo;
+    let e = build(&cfg).err().unwrap();
+    assert!(e.to_string().contains("llama"), "{e}");
+}
+
 #[test]
 fn presets_and_bad_configs() {
     for p in PRESETS {

@@ -1,4 +1,5 @@
-//! `hotcold synth`: write a synthetic ReLU model in PowerInfer's format (see
+//! `hotcold synth`: write a synthetic ReLU model in PowerInfer's format, or a dense SwiGLU llama
+//! (`--activation silu`) in llama.cpp's (see
 //! [`hotcold_core::synth`]).
 
 use std::path::PathBuf;
@@ -24,6 +25,10 @@ pub struct Args {
     /// Target fraction of inactive FFN neurons per token.
     #[arg(long, default_value_t = 0.9)]
     sparsity: f32,
+    /// FFN activation of a llama: relu (a ReLU PowerInfer file with predictors, the default) or
+    /// silu (a dense SwiGLU llama.cpp file: no predictor, row-major ffn_down, for CATS / TEAL).
+    #[arg(long, default_value = "relu")]
+    activation: String,
     /// Seed of every random choice (the same seed gives the same file).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -41,6 +46,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
         other => anyhow::bail!("unknown --type {other:?} (expected f16, q8_0 or q4_0)"),
+    };
+    cfg.dense_silu = match args.activation.to_ascii_lowercase().as_str() {
+        "relu" => false,
+        "silu" => true,
+        other => anyhow::bail!("unknown --activation {other:?} (expected relu or silu)"),
     };
     cfg.sparsity = args.sparsity;
     cfg.seed = args.seed;
@@ -80,6 +90,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         100.0 * report.ffn_bytes as f64 / report.weight_bytes as f64,
         mib(report.predictor_bytes)
     );
+    if cfg.dense_silu {
+        println!("  dense SwiGLU FFN (silu, no predictor)");
+        return Ok(());
+    }
     println!(
         "  target density {mean_density:.3} per layer (sparsity {}), top 10% of neurons make \
          {:.0}% of firings, predictor threshold {}",

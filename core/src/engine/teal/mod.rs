@@ -94,17 +94,21 @@ pub struct Teal {
 }
 
 /// The input-major type for a matrix of `src` weights with `n_out` outputs: F32 stays F32, F16 and
-/// BF16 become F16, a quantised type becomes Q8_0 (blocks of 32 outputs of one input channel; F16
-/// when 32 does not divide `n_out`). Re-quantising regroups the values into new blocks and rounds
-/// them a second time; measured on Gemma 3 270M Q4_K_M at threshold 0 (held-out perplexity, dense
-/// 2.443): F32 copies 2.299, Q8_0 2.289, Q5_0 6.62, Q4_0 23.9. A 4- or 5-bit copy would read fewer
-/// bytes but costs far more quality than the sparsity itself, so Q8_0 it is (`--teal-type`
-/// overrides it).
+/// BF16 become F16; a legacy 4-bit file (Q4_0, Q4_1) gets Q4_0 copies (blocks of 32 outputs of one
+/// input channel, so a skipped channel skips its bytes at the file's 4.5 bits per weight); any
+/// other quantised type becomes Q8_0; F16 when 32 does not divide `n_out`.
+///
+/// Re-quantising regroups the values into new blocks and rounds them a second time. Measured on
+/// Gemma 3 270M Q4_K_M at threshold 0 (held-out perplexity on the memorised Gettysburg Address,
+/// dense 2.443): F32 copies 2.299, Q8_0 2.289, Q5_0 6.62, Q4_0 23.9; so K-quant files keep Q8_0
+/// copies (as many bytes per token as their dense product: no speed-up on them, see
+/// `benches/teal.sh`), and `--teal-type q4_0` trades that quality for the bytes.
 pub fn repack_type(src: GgmlType, n_out: usize) -> GgmlType {
     match src {
         GgmlType::F32 => GgmlType::F32,
         GgmlType::F16 | GgmlType::BF16 => GgmlType::F16,
         _ if !n_out.is_multiple_of(32) => GgmlType::F16,
+        GgmlType::Q4_0 | GgmlType::Q4_1 => GgmlType::Q4_0,
         _ => GgmlType::Q8_0,
     }
 }

@@ -120,7 +120,7 @@ fn skipped_inputs_do_not_read_their_columns() {
 }
 
 #[test]
-fn repack_types_keep_floats_and_quantise_the_rest_as_q8_0() {
+fn repack_types_keep_floats_4_bit_legacy_as_q4_0_and_the_rest_as_q8_0() {
     assert_eq!(repack_type(GgmlType::F32, 64), GgmlType::F32);
     assert_eq!(repack_type(GgmlType::BF16, 64), GgmlType::F16);
     assert_eq!(repack_type(GgmlType::Q5_0, 64), GgmlType::Q8_0);
@@ -128,4 +128,7 @@ fn repack_types_keep_floats_and_quantise_the_rest_as_q8_0() {
     assert_eq!(repack_type(GgmlType::Q6_K, 64), GgmlType::Q8_0);
     assert_eq!(repack_type(GgmlType::Q8_0, 64), GgmlType::Q8_0);
     assert_eq!(repack_type(GgmlType::Q8_0, 48), GgmlType::F16);
+    assert_eq!(repack_type(GgmlType::Q4_0, 64), GgmlType::Q4_0);
+    assert_eq!(repack_type(GgmlType::Q4_1, 64), GgmlType::Q4_0);
+    assert_eq!(repack_type(GgmlType::Q4_0, 48), GgmlType::F16);
 }
