@@ -201,3 +201,50 @@ pub(crate) fn grid(count: u32) -> [u32; 2] {
         [MAX_X, count.div_ceil(MAX_X)]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::recorder::PARAM_BYTES;
+
+    /// Each kernel declares its storage buffers in group 0 as `bindings` lists them (same order
+    /// and access) and its parameters as the uniform at group 1, binding 0, no larger than a
+    /// ring slot: what the pipeline layouts and the recorder assume.
+    #[test]
+    fn shaders_declare_the_bindings_the_layouts_assume() {
+        for shader in Shader::ALL {
+            let module = naga::front::wgsl::parse_str(&shader.source()).unwrap();
+            let layouter = {
+                let mut l = naga::proc::Layouter::default();
+                l.update(module.to_ctx()).unwrap();
+                l
+            };
+            let (mut storage, mut uniforms) = (Vec::new(), Vec::new());
+            for (_, var) in module.global_variables.iter() {
+                let Some(rb) = &var.binding else { continue };
+                match var.space {
+                    naga::AddressSpace::Storage { access } => storage.push((
+                        rb.group,
+                        rb.binding,
+                        access.contains(naga::StorageAccess::STORE),
+                    )),
+                    naga::AddressSpace::Uniform => {
+                        uniforms.push((rb.group, rb.binding, layouter[var.ty].size))
+                    }
+                    _ => {}
+                }
+            }
+            storage.sort();
+            let want: Vec<(u32, u32, bool)> = bindings(shader)
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (0, i as u32, matches!(b, Binding::ReadWrite)))
+                .collect();
+            assert_eq!(storage, want, "{}", shader.file());
+            assert_eq!(uniforms.len(), 1, "{}", shader.file());
+            let (group, binding, size) = uniforms[0];
+            assert_eq!((group, binding), (1, 0), "{}", shader.file());
+            assert!(u64::from(size) <= PARAM_BYTES, "{}", shader.file());
+        }
+    }
+}
