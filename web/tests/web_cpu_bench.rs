@@ -36,6 +36,9 @@ fn run_page(browser: &Browser, port: u16, model_url: &str, n_tokens: usize, simd
     serde_json::from_str(timings.as_str().expect("the page shows its timings")).unwrap()
 }
 
+/// Runs of each model and kernel set; the best is shown.
+const REPS: usize = 3;
+
 #[test]
 #[ignore = "a benchmark: run `bash benches/web_cpu.sh`"]
 fn wasm_cpu_decode_speed_scalar_vs_simd128() {
@@ -66,18 +69,25 @@ fn wasm_cpu_decode_speed_scalar_vs_simd128() {
         ("models/tiny.gguf", tokens(64)),
         ("cache/gemma.gguf", tokens(24)),
     ] {
-        let mut speeds = Vec::new();
-        for simd in ["scalar", "simd128"] {
-            let t = run_page(&browser, port, model, n_tokens, simd);
-            let prompt_tok_s =
-                t["prompt_tokens"].as_f64().unwrap() / t["prompt_secs"].as_f64().unwrap();
-            let decode = t["decode_tok_per_s"].as_f64().unwrap();
-            println!(
-                "wasm cpu {model} {simd:>7}: decode {decode:8.2} tok/s ({} tokens), prompt \
-                 {prompt_tok_s:8.2} tok/s ({} tokens)",
-                t["generated_tokens"], t["prompt_tokens"]
-            );
-            speeds.push((decode, prompt_tok_s));
+        // the best of REPS runs of each, alternating (the machine may be busy with other work)
+        let mut speeds = [(0f64, 0f64); 2];
+        let mut shown = [String::new(), String::new()];
+        for _ in 0..REPS {
+            for (i, simd) in ["scalar", "simd128"].into_iter().enumerate() {
+                let t = run_page(&browser, port, model, n_tokens, simd);
+                let prompt_tok_s =
+                    t["prompt_tokens"].as_f64().unwrap() / t["prompt_secs"].as_f64().unwrap();
+                let decode = t["decode_tok_per_s"].as_f64().unwrap();
+                speeds[i] = (speeds[i].0.max(decode), speeds[i].1.max(prompt_tok_s));
+                shown[i] = format!(
+                    "wasm cpu {model} {simd:>7}: decode {:8.2} tok/s ({} tokens), prompt {:8.2} \
+                     tok/s ({} tokens), best of {REPS}",
+                    speeds[i].0, t["generated_tokens"], speeds[i].1, t["prompt_tokens"]
+                );
+            }
+        }
+        for line in &shown {
+            println!("{line}");
         }
         println!(
             "wasm cpu {model} simd128/scalar: decode {:.2}x, prompt {:.2}x",

@@ -718,9 +718,13 @@ trait Rows32 {
     unsafe fn decode(p: *const u8) -> [v128; 8];
 }
 
+/// F32 rows.
 struct F32Rows;
+/// F16 rows.
 struct F16Rows;
+/// Q8_0 rows.
 struct Q8_0Rows;
+/// Q4_0 rows.
 struct Q4_0Rows;
 
 impl Rows32 for F32Rows {
