@@ -8,7 +8,11 @@
 //!
 //! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
 //! shortens each measurement; `HOTCOLD_BENCH_SMALL=1` uses 2048 × 5504; `HOTCOLD_BENCH_TOKENS=n`
-//! times a batch of `n` tokens instead of one.
+//! times a batch of `n` tokens instead of one, and then also the batched sparse FFN of a decode
+//! step: each token with its own set of about 10% of the neurons (correlated across tokens as real
+//! active sets are: a third of the neurons fire with probability 0.3, so 8 tokens' union is about a
+//! third), `gather_matmul_sets_multi` of gate and up and `sparse_axpy` of down over those sets.
+//! `HOTCOLD_BENCH_SHAPE=EMBDxFF` (e.g. `1024x4096`, the synthetic `small` model) sets the shape.
 
 mod common;
 
@@ -16,6 +20,7 @@ use std::time::Duration;
 
 use common::{random_f32, time, weights};
 
+use hotcold::cpu::sparse::gather_matmul_sets_multi;
 use hotcold::cpu::{gather_matmul, matmul, simd_level, sparse_axpy, Matrix};
 use hotcold::quant::GgmlType;
 
@@ -28,6 +33,30 @@ fn active(n: usize, density: f64, seed: u64) -> Vec<u32> {
     (0..n as u32)
         .filter(|&i| (r[i as usize] as f64 + 1.0) / 2.0 < density)
         .collect()
+}
+
+/// `n` tokens' sorted active sets: a third of the neurons fire with probability 0.3 for each
+/// token (about 10% per token, correlated as real active sets are), the others never.
+fn token_sets(n: usize, n_ff: usize) -> Vec<Vec<u32>> {
+    let r = random_f32(n * n_ff, 23);
+    let hot = random_f32(n_ff, 29);
+    (0..n)
+        .map(|t| {
+            (0..n_ff as u32)
+                .filter(|&i| {
+                    let i = i as usize;
+                    (hot[i] + 1.0) / 2.0 < 1.0 / 3.0 && (r[t * n_ff + i] + 1.0) / 2.0 < 0.3
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Neurons in the union of `sets`.
+fn union_len(sets: &[Vec<u32>], n_ff: usize) -> usize {
+    let mut seen = vec![false; n_ff];
+    sets.iter().flatten().for_each(|&i| seen[i as usize] = true);
+    seen.iter().filter(|&&s| s).count()
 }
 
 fn row(what: &str, ty: GgmlType, density: &str, secs: f64, bytes: usize, dense: f64) {
@@ -50,7 +79,15 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     let budget = Duration::from_millis(if quick { 100 } else { 500 });
-    let (n_embd, n_ff) = if small { (2048, 5504) } else { (4096, 11008) };
+    let shape = std::env::var("HOTCOLD_BENCH_SHAPE").ok().and_then(|v| {
+        let (e, f) = v.split_once('x')?;
+        Some((e.parse().ok()?, f.parse().ok()?))
+    });
+    let (n_embd, n_ff) = match shape {
+        Some(s) => s,
+        None if small => (2048, 5504),
+        None => (4096, 11008),
+    };
     let threads = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -78,6 +115,17 @@ fn main() {
             let secs = time(budget, || gather_matmul(&w, &idx, &x, n, &mut yg).unwrap());
             row("gather", ty, name, secs, idx.len() * rb, dense);
         }
+        let sets = token_sets(n, n_ff);
+        if n > 1 {
+            let union = union_len(&sets, n_ff);
+            let pairs: usize = sets.iter().map(Vec::len).sum();
+            let (mut g, mut u) = (vec![0f32; pairs], vec![0f32; pairs]);
+            let secs = time(budget, || {
+                gather_matmul_sets_multi(&[w, w], &sets, &x, &mut [&mut g, &mut u]).unwrap()
+            });
+            let name = format!("u{:.0}%", 100.0 * union as f64 / n_ff as f64);
+            row("sets×2", ty, &name, secs, 2 * union * rb, 2.0 * dense);
+        }
         drop(up);
 
         // down: dense n_embd × n_ff vs transposed n_ff × n_embd
@@ -100,6 +148,19 @@ fn main() {
             }
             let secs = time(budget, || sparse_axpy(&wt, &a, n, &mut o).unwrap());
             row("axpy", ty, name, secs, idx.len() * rb, dense);
+        }
+        if n > 1 {
+            let sets = token_sets(n, n_ff);
+            let mut a = vec![0f32; n * n_ff];
+            for (t, set) in sets.iter().enumerate() {
+                for &i in set {
+                    a[t * n_ff + i as usize] = h[t * n_ff + i as usize];
+                }
+            }
+            let union = union_len(&sets, n_ff);
+            let secs = time(budget, || sparse_axpy(&wt, &a, n, &mut o).unwrap());
+            let name = format!("u{:.0}%", 100.0 * union as f64 / n_ff as f64);
+            row("axpy", ty, &name, secs, union * rb, dense);
         }
     }
 }

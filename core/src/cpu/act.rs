@@ -169,6 +169,12 @@ impl Acts {
                 };
                 if kind == ActKind::F32 {
                     self.f.copy_from_slice(x);
+                } else if kind == ActKind::F16 && level >= Level::Avx2 {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX2 and F16C were detected (a level is at most the detected one).
+                    unsafe {
+                        super::avx2::round_f16_row(x, &mut self.f, round)
+                    };
                 } else if par {
                     self.f
                         .par_chunks_mut(cols)

@@ -35,6 +35,32 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     })
 }
 
+/// `out[i] = f32(f16(x[i]))` for every `i`, 8 values at a time with F16C (round to nearest even,
+/// as [`crate::quant::fp32_to_fp16`]); a group holding a NaN, and the last `< 8` values, go through
+/// `scalar`, which also gives NaNs their canonical quiet bits.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn round_f16_row(x: &[f32], out: &mut [f32], scalar: fn(f32) -> f32) {
+    assert_eq!(x.len(), out.len(), "round_f16_row lengths");
+    let mut xs = x.chunks_exact(8);
+    let mut os = out.chunks_exact_mut(8);
+    for (x, o) in (&mut xs).zip(&mut os) {
+        let v = _mm256_loadu_ps(x.as_ptr());
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0 {
+            o.iter_mut().zip(x).for_each(|(o, &v)| *o = scalar(v));
+            continue;
+        }
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+    os.into_remainder()
+        .iter_mut()
+        .zip(xs.remainder())
+        .for_each(|(o, &v)| *o = scalar(v));
+}
+
 /// ggml's AVX2 `quantize_row_q8_0` for one token row: quants, f16-rounded scales, block sums.
 ///
 /// # Safety

@@ -283,8 +283,8 @@ fn gather_packed(
 /// `x` holds `sets.len()` token rows of `w.cols` values. Every output is bit-identical to the
 /// corresponding entry of [`matmul`](super::matmul) (same activation quantisation, same row
 /// kernels). Each row of the union of the sets is read once, and its dot products are computed
-/// only for the tokens whose set holds it (consecutive tokens together, up to [`NT`] per kernel
-/// call). Indices may repeat and come in any order. Runs in parallel on the current rayon pool
+/// only for the tokens whose set holds it (those within [`NT`] consecutive tokens in one kernel
+/// call, whose independent dot products overlap). Indices may repeat and come in any order. Runs in parallel on the current rayon pool
 /// over chunks of the union's rows; the result does not depend on the thread count.
 ///
 /// Errors: [`Error::InvalidArgument`] for a malformed matrix, an index `>= w.rows` or wrong
@@ -496,18 +496,24 @@ fn gather_pairs(jobs: &[GatherJob], p: &Pairs) {
                 let row = &job.w.data[r * rb..(r + 1) * rb];
                 let mut q = s;
                 while q < e {
+                    // the row's tokens within t0..t0 + NT, computed in one call: each token's dot
+                    // product is an independent chain of the kernel (the tokens in between that
+                    // did not choose the row are computed and dropped), so the calls overlap
+                    // their chains instead of waiting on one
                     let t0 = p.toks[q] as usize;
-                    let mut nt = 1;
-                    while nt < NT && q + nt < e && p.toks[q + nt] as usize == t0 + nt {
-                        nt += 1;
+                    let mut m = 1;
+                    while m < NT && q + m < e && (p.toks[q + m] as usize) < t0 + NT {
+                        m += 1;
                     }
+                    let nt = p.toks[q + m - 1] as usize + 1 - t0;
                     (job.kernel)(row, rb, 1, job.acts, t0, nt, &mut tile);
-                    for (i, &v) in tile[..nt].iter().enumerate() {
+                    for i in q..q + m {
+                        let v = tile[p.toks[i] as usize - t0];
                         // SAFETY: outs are distinct positions < the job's output length, and the
                         // pairs of row j belong to this task alone.
-                        unsafe { *job.out.0.add(p.outs[q + i] as usize) = v };
+                        unsafe { *job.out.0.add(p.outs[i] as usize) = v };
                     }
-                    q += nt;
+                    q += m;
                 }
             }
         }

@@ -476,3 +476,40 @@ fn unaligned_weights_give_the_same_result() {
         }
     }
 }
+
+#[test]
+fn f16_activation_rounding_is_the_scalar_rounding_bit_for_bit() {
+    // random values over many binades, f16 ties, subnormals, overflow, infinities and NaNs with
+    // payloads, at lengths that leave a tail
+    let mut rng = Rng(0x0f16_0f16_0f16_0f16);
+    let mut x: Vec<f32> = (0..4099)
+        .map(|_| rng.f() * 2f32.powi(rng.int(-30, 20)))
+        .collect();
+    let tie = f32::from_bits(f16::from_f32(1.0).to_f32().to_bits() + (1 << 12));
+    let specials = [
+        tie,
+        -tie,
+        65520.0,
+        65519.0,
+        1e-8,
+        -6e-8,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(0x7fa0_0001),
+        f32::from_bits(0xffc1_2345),
+        -0.0,
+    ];
+    for (i, s) in specials.iter().enumerate() {
+        x[i * 37 % 4000] = *s;
+    }
+    for n in [1usize, 7, 8, 4099] {
+        let x = &x[..n];
+        let mut want = Acts::default();
+        want.quantize(Level::Scalar, ActKind::F16, 0, x, 1, n);
+        let mut got = Acts::default();
+        got.quantize(Level::current(), ActKind::F16, 0, x, 1, n);
+        let bits = |a: &Acts| a.f(0).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{n} values");
+    }
+}
