@@ -163,6 +163,11 @@ pub(super) fn gather_rows_serial(
     }
 }
 
+thread_local! {
+    /// Each thread's copy of a single-token gather's lone rows, contiguous for the kernel.
+    static STAGE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// The outputs of the gathered rows `idx[k0..k1]` for every token: `out[t * idx.len() + k]`.
 ///
 /// # Safety
@@ -183,6 +188,7 @@ unsafe fn gather_rows_range(
     let rb = w.row_bytes();
     let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
     let mut tile = [0f32; MR * NT];
+    let mut stage = STAGE.with(|s| s.take());
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = (n_tokens - t0).min(NT);
@@ -198,15 +204,32 @@ unsafe fn gather_rows_range(
                 }
             }
             let r = idx[k] as usize;
-            kernel(
-                &w.data[r * rb..(r + nr) * rb],
-                rb,
-                nr,
-                acts,
-                t0,
-                nt,
-                &mut tile,
-            );
+            let mut nr = nr;
+            if nr < MR && n_tokens == 1 {
+                // lone rows: copy up to MR of them together, so that one kernel call handles
+                // several rows (each row's result does not depend on its neighbours)
+                nr = k1.min(k + MR) - k;
+                stage.resize(MR * rb, 0);
+                while pf < k1 && pf < k + nr + ahead {
+                    prefetch_row(w, idx[pf], rb);
+                    pf += 1;
+                }
+                for (j, &i) in idx[k..k + nr].iter().enumerate() {
+                    let i = i as usize;
+                    stage[j * rb..(j + 1) * rb].copy_from_slice(&w.data[i * rb..(i + 1) * rb]);
+                }
+                kernel(&stage[..nr * rb], rb, nr, acts, t0, nt, &mut tile);
+            } else {
+                kernel(
+                    &w.data[r * rb..(r + nr) * rb],
+                    rb,
+                    nr,
+                    acts,
+                    t0,
+                    nt,
+                    &mut tile,
+                );
+            }
             // SAFETY: t0 + nt <= n_tokens and k + nr <= k1 <= n, so the tile is inside out's
             // n_tokens * n values, in the range k0..k1 the caller gave this call.
             unsafe { out.store_tile(&tile, nr, nt, t0, n, k) };
@@ -214,6 +237,7 @@ unsafe fn gather_rows_range(
         }
         t0 += nt;
     }
+    STAGE.with(|s| s.set(stage));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -584,6 +608,18 @@ impl Active {
         self.start.clear();
         self.toks.clear();
         self.coefs.clear();
+        if n_tokens == 1 {
+            // one token: every listed neuron has the one coefficient, at position j
+            for (i, &v) in a.iter().enumerate() {
+                if v != 0.0 {
+                    self.neurons.push(i as u32);
+                    self.coefs.push(v);
+                }
+            }
+            self.start.extend(0..=self.neurons.len() as u32);
+            self.toks.resize(self.neurons.len(), 0);
+            return;
+        }
         for i in 0..rows {
             let s = self.toks.len();
             for t in 0..n_tokens {
@@ -778,12 +814,17 @@ fn run_axpy(
     let g = granule(ty);
     let n_gran = cols.div_ceil(g);
     let threads = rayon::current_num_threads().max(1);
-    // granules per task: several tasks per thread, each at least 256 columns; for a batch, the
-    // tokens' output segments of a task stay within ~128 KiB
-    let mut per = n_gran.div_ceil(threads * 4).max(256usize.div_ceil(g));
-    if n_tokens > 1 {
-        per = per.min((32 * 1024 / (n_tokens * g)).max(1));
-    }
+    // granules per task, each at least 256 columns: for one token, one column range per thread
+    // (the work per column is uniform, and each task reads its part of every active row, so
+    // narrower ranges only cut the rows into more, partly wasted, cache lines); for a batch,
+    // several tasks per thread whose tokens' output segments stay within ~128 KiB
+    let min_per = 256usize.div_ceil(g);
+    let per = if n_tokens == 1 {
+        n_gran.div_ceil(threads).max(min_per)
+    } else {
+        let per = n_gran.div_ceil(threads * 4).max(min_per);
+        per.min((32 * 1024 / (n_tokens * g)).max(1))
+    };
     let n_chunks = n_gran.div_ceil(per);
     let optr = OutPtr(out.as_mut_ptr());
 

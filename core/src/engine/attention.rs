@@ -30,6 +30,10 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
+/// Multiply-adds below which a piece of attention is not worth a task of its own: waking a worker
+/// costs a few microseconds, about what this much work takes on one core.
+const MIN_TASK_MACS: usize = 1 << 17;
+
 /// Per-task buffers.
 #[derive(Default)]
 struct Scratch {
@@ -50,7 +54,14 @@ pub fn attend(
 ) {
     let group = shape.n_head / shape.n_head_kv;
     let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
+    // (token, KV head) pairs per task: each task at least MIN_TASK_MACS multiply-adds, so that a
+    // decode step over a short context runs on the calling thread instead of waking the others
+    let n = out.len() / (shape.n_head * hd_v).max(1);
+    let keys = shape.window.map_or(pos0 + n, |w| w.min(pos0 + n)).max(1);
+    let pair_macs = keys * group * (hd + hd_v);
+    let min_len = MIN_TASK_MACS.div_ceil(pair_macs.max(1));
     out.par_chunks_mut(group * hd_v)
+        .with_min_len(min_len)
         .enumerate()
         .for_each_init(Scratch::default, |s, (i, out)| {
             let (t, kv_head) = (i / shape.n_head_kv, i % shape.n_head_kv);
