@@ -3,17 +3,22 @@
 # its `main` binary is given) in PowerInfer's CPU build, same file and thread count:
 #   bash benches/sparse_vs_dense.sh [POWERINFER_MAIN] [THREADS] [TYPE]
 # Prints decode tok/s, the FFN density, bytes of weights per token, and the ratios.
+# HOTCOLD=path/to/hotcold runs that binary instead of building this checkout's (to compare builds
+# side by side on the same file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PI_MAIN=${1:-}
 THREADS=${2:-2}
 TYPE=${3:-q4_0}
 OUT=${TMPDIR:-/tmp}/hotcold-bench-small-$TYPE.gguf
-cargo build -q --release -p hotcold-native
-[[ -f $OUT ]] || ./target/release/hotcold synth --preset small --type "$TYPE" --sparsity 0.9 -o "$OUT"
+if [[ -z ${HOTCOLD:-} ]]; then
+  cargo build -q --release -p hotcold-native
+  HOTCOLD=./target/release/hotcold
+fi
+[[ -f $OUT ]] || "$HOTCOLD" synth --preset small --type "$TYPE" --sparsity 0.9 -o "$OUT"
 declare -A rate
 for mode in dense oracle sparse; do
-  out=$(./target/release/hotcold bench -m "$OUT" --ffn "$mode" -t "$THREADS" -p 0 -n 64 -r 3 2>&1)
+  out=$("$HOTCOLD" bench -m "$OUT" --ffn "$mode" -t "$THREADS" -p 0 -n 64 -r 3 2>&1)
   echo "$out" | grep -E "tg64|ffn |weights read" || true
   rate[$mode]=$(echo "$out" | sed -n 's/.*| tg64 | \([0-9.]*\).*/\1/p')
 done
