@@ -7,7 +7,10 @@
 # and the LM head on the CPU); GPU-only: the whole model resident on the GPU (no --vram-budget: one
 # submission and one read-back per token). On a machine without a GPU it runs on Mesa's lavapipe
 # (software Vulkan): the table then only shows the paths work, its timings mean nothing. Under 10
-# minutes on a machine with an NVIDIA GPU.
+# minutes on a machine with an NVIDIA GPU. A PowerInfer index `<model>.generated.gpuidx` next to a
+# model (`hotcold plan --write-gpuidx`) sets the hybrid columns' hot neurons when it fits the budget:
+# remove it to measure the planner's split. CPU cost of recording one resident step:
+#   cargo run --release --example gpu_encode -- MODEL.gguf [STEPS] [sparse]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}

@@ -32,12 +32,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut token = 1u32;
     let mut encode = Duration::ZERO;
     let mut objects = None;
+    let mut dispatches = 0;
     for step in 0..steps {
         // The first step creates the session's bind groups: measure the steady state.
         let start = Instant::now();
         let before = counts(&ctx);
+        let recorded = ctx.dispatches_recorded();
         let pending = session.submit(&model, &[token], Logits::Last, mode)?;
         let after = counts(&ctx);
+        dispatches = ctx.dispatches_recorded() - recorded;
         if step > 0 {
             encode += start.elapsed();
             objects = after
@@ -50,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let per = encode.as_secs_f64() * 1e6 / (steps - 1) as f64;
     println!(
-        "{}: {} on {}: submit (CPU) {per:.0} µs/token over {} steps; buffers + bind groups created per step: {}",
+        "{}: {} on {}: submit (CPU) {per:.0} µs/token over {} steps; {dispatches} dispatches and {} buffers + bind groups created per step",
         path,
         format!("{mode:?}").to_lowercase(),
         ctx.describe(),

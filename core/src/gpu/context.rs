@@ -60,6 +60,7 @@ struct Counters {
     buffers: AtomicU64,
     bind_groups: AtomicU64,
     encoders: AtomicU64,
+    dispatches: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -193,6 +194,16 @@ impl GpuContext {
             bind_groups: c.bind_groups.load(Ordering::Relaxed),
             encoders: c.encoders.load(Ordering::Relaxed),
         }
+    }
+
+    /// Kernel dispatches recorded through this context so far.
+    pub fn dispatches_recorded(&self) -> u64 {
+        self.created.dispatches.load(Ordering::Relaxed)
+    }
+
+    /// Counts one recorded dispatch.
+    pub(crate) fn count_dispatch(&self) {
+        bump(&self.created.dispatches);
     }
 
     /// Creates a buffer (counted).

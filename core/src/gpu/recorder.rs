@@ -155,6 +155,7 @@ impl<'a> Recorder<'a> {
         debug_assert!(bytes.len() as u64 <= PARAM_BYTES);
         let slot = self.used;
         self.used += 1;
+        self.ctx.count_dispatch();
         let p = &mut self.binder.params;
         p.resize(slot * self.binder.stride as usize, 0);
         p.extend_from_slice(bytes);
