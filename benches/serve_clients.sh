@@ -4,6 +4,8 @@
 # only). Prints, per model and client count, the aggregate generated tok/s, the per-client tok/s,
 # the mean and worst time to first token, and the aggregate's ratio to a single client.
 #   bash benches/serve_clients.sh [THREADS] [TOKENS_PER_CLIENT] [CLIENT_COUNTS]
+# HOTCOLD_BIN=PATH runs that binary instead of building this checkout's (to compare two builds);
+# MODELS="small gemma" chooses the models (default: both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-2}
@@ -11,8 +13,13 @@ TOKENS=${2:-64}
 COUNTS=${3:-"1 4 8 16"}
 MAX_CLIENTS=$(tr ' ' '\n' <<<"$COUNTS" | sort -n | tail -1)
 SMALL=${TMPDIR:-/tmp}/hotcold-bench-small-f16.gguf
-cargo build -q --release -p hotcold-native
-BIN=./target/release/hotcold
+if [[ -n ${HOTCOLD_BIN:-} ]]; then
+  BIN=$HOTCOLD_BIN
+else
+  cargo build -q --release -p hotcold-native
+  BIN=./target/release/hotcold
+fi
+MODELS=${MODELS:-"small gemma"}
 [[ -f $SMALL ]] || $BIN synth --preset small --sparsity 0.9 -o "$SMALL" >/dev/null
 GEMMA=$(python3 - <<'PY'
 import os
@@ -111,6 +118,6 @@ run_model() {
 echo "hotcold serve, $THREADS threads, $TOKENS tokens per client, --parallel $MAX_CLIENTS; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| model          | clients | agg tok/s | tok/s each | TTFT mean ms | TTFT max ms | vs 1   |"
 echo "|----------------|---------|-----------|------------|--------------|-------------|--------|"
-run_model "small (sparse)" "$SMALL"
-run_model "gemma-3-270m" "$GEMMA"
+[[ " $MODELS " == *" small "* ]] && run_model "small (sparse)" "$SMALL"
+[[ " $MODELS " == *" gemma "* ]] && run_model "gemma-3-270m" "$GEMMA"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
