@@ -589,7 +589,7 @@ fn for_each_chunk(n_chunks: usize, task: impl Fn(usize) + Send + Sync) {
 ///
 /// Errors: [`Error::InvalidArgument`] for a malformed matrix or wrong `a`/`out` lengths.
 pub fn sparse_axpy(w_t: &Matrix, a: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<()> {
-    sparse_axpy_at(Level::current(), w_t, a, n_tokens, out)
+    axpy_at(Level::current(), w_t, a, n_tokens, out, Rows::NonZero)
 }
 
 /// [`sparse_axpy`] over every row, zero coefficients included: the dense product `out += a · w_t`
