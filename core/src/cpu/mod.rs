@@ -99,7 +99,7 @@ use crate::{Error, Result};
 
 pub(crate) use act::{ActKind, Acts};
 
-pub use sparse::{dense_axpy, gather_matmul, sparse_axpy};
+pub use sparse::{gather_matmul, sparse_axpy};
 
 /// A dense row-major weight matrix in one of ggml's formats, borrowed from a GGUF file (or any byte
 /// buffer): `rows` rows of `cols` elements each, every row `ty.row_bytes(cols)` bytes.

@@ -589,27 +589,7 @@ fn for_each_chunk(n_chunks: usize, task: impl Fn(usize) + Send + Sync) {
 ///
 /// Errors: [`Error::InvalidArgument`] for a malformed matrix or wrong `a`/`out` lengths.
 pub fn sparse_axpy(w_t: &Matrix, a: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<()> {
-    axpy_at(Level::current(), w_t, a, n_tokens, out, Rows::NonZero)
-}
-
-/// [`sparse_axpy`] over every row, zero coefficients included: the dense product `out += a · w_t`
-/// that reads the whole matrix, as a dense engine does whatever the activations are (adding
-/// `0 · w` leaves every sum's bits unchanged for finite weights, so the result equals
-/// [`sparse_axpy`]'s). The `--ffn dense` baseline for files whose down projection is stored only
-/// neuron-major.
-///
-/// Errors: as [`sparse_axpy`].
-pub fn dense_axpy(w_t: &Matrix, a: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<()> {
-    axpy_at(Level::current(), w_t, a, n_tokens, out, Rows::All)
-}
-
-/// Which rows an axpy reads.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Rows {
-    /// Only those with a non-zero coefficient for some token.
-    NonZero,
-    /// Every row.
-    All,
+    sparse_axpy_at(Level::current(), w_t, a, n_tokens, out)
 }
 
 /// The active neurons of a call in compressed form: neuron `neurons[j]` is needed by the tokens
@@ -623,8 +603,7 @@ struct Active {
 }
 
 impl Active {
-    fn build(&mut self, a: &[f32], rows: usize, n_tokens: usize, which: Rows) {
-        let keep = |v: f32| v != 0.0 || which == Rows::All;
+    fn build(&mut self, a: &[f32], rows: usize, n_tokens: usize) {
         self.neurons.clear();
         self.start.clear();
         self.toks.clear();
@@ -632,7 +611,7 @@ impl Active {
         if n_tokens == 1 {
             // one token: every listed neuron has the one coefficient, at position j
             for (i, &v) in a.iter().enumerate() {
-                if keep(v) {
+                if v != 0.0 {
                     self.neurons.push(i as u32);
                     self.coefs.push(v);
                 }
@@ -645,7 +624,7 @@ impl Active {
             let s = self.toks.len();
             for t in 0..n_tokens {
                 let v = a[t * rows + i];
-                if keep(v) {
+                if v != 0.0 {
                     self.toks.push(t as u32);
                     self.coefs.push(v);
                 }
@@ -783,18 +762,6 @@ pub(crate) fn sparse_axpy_at(
     n_tokens: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    axpy_at(level, w_t, a, n_tokens, out, Rows::NonZero)
-}
-
-/// The axpy over `which` rows on `level`.
-fn axpy_at(
-    level: Level,
-    w_t: &Matrix,
-    a: &[f32],
-    n_tokens: usize,
-    out: &mut [f32],
-    which: Rows,
-) -> Result<()> {
     w_t.validate()?;
     let (rows, cols, ty) = (w_t.rows, w_t.cols, w_t.ty);
     if !crate::quant::can_dequantize(ty) {
@@ -819,7 +786,7 @@ fn axpy_at(
         return Ok(());
     }
     let mut act = ACTIVE.with(|s| s.take()).unwrap_or_default();
-    act.build(a, rows, n_tokens, which);
+    act.build(a, rows, n_tokens);
     if !act.neurons.is_empty() {
         let k1 = if n_tokens == 1 {
             axpy_kernel1(level, ty)

@@ -259,8 +259,7 @@ pub(super) fn feed_forward(
             activations: &a,
         });
     }
-    let every_row = mode == FfnMode::Dense;
-    let mut out = down_projection(model, offload, il, &mut a, n, rounded, every_row)?;
+    let mut out = down_projection(model, offload, il, &mut a, n, rounded)?;
     if let Some(b) = &layer.down_b {
         out.chunks_exact_mut(b.len())
             .for_each(|row| cpu::ops::add_assign(row, b));
@@ -432,8 +431,6 @@ fn add_up_bias(layer: &LayerWeights, sets: &[Vec<u32>], y: &mut [f32]) {
 /// (skipping zero activations), else the dense matmul. The axpy's coefficients are first rounded as
 /// ggml rounds a product's input for the down weights' type (Q8_0 for Q4_0, f16 for F16), as
 /// ggml's dense product and PowerInfer's sparse kernels both do (unless `rounded` says they are).
-/// `every_row` (`--ffn dense`) reads the whole neuron-major copy on the CPU, zero activations
-/// included, as a dense engine does (same result; only the bytes read differ).
 fn down_projection(
     model: &Model,
     offload: &dyn FfnOffload,
@@ -441,17 +438,11 @@ fn down_projection(
     a: &mut [f32],
     n: usize,
     rounded: bool,
-    every_row: bool,
 ) -> Result<Vec<f32>> {
     match &model.layers[il].down_t {
         Some(down_t) => {
             if !rounded {
                 cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
-            }
-            if every_row && offload.all_on_cpu() {
-                let mut out = vec![0f32; n * model.hp.n_embd];
-                cpu::dense_axpy(&model.matrix(down_t), a, n, &mut out)?;
-                return Ok(out);
             }
             offload.down_axpy(model, il, a, n)
         }
