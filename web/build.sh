@@ -17,8 +17,8 @@ fi
 
 # No debug line tables in the shipped module (the native release profile keeps them). simd128 (in
 # every current browser; wasm has no run-time feature detection) compiles in hotcold-core's
-# simd128 kernels (core/src/cpu/simd128.rs), the CPU path's default: greedy decode about 2x (tiny)
-# to 2.6x (Gemma 3 270M) the scalar kernels' speed (bash benches/web_cpu.sh; the page's
+# simd128 kernels (core/src/cpu/simd128.rs), the CPU path's default: greedy decode 2-2.5x (tiny)
+# and 2.6-4x (Gemma 3 270M) the scalar kernels' speed (bash benches/web_cpu.sh; the page's
 # ?simd=scalar runs the scalar kernels).
 CARGO_PROFILE_RELEASE_DEBUG=false \
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=+simd128" \
