@@ -94,7 +94,9 @@ impl<'m> Session<'m> {
 
     /// Runs this session's whole forward pass on the GPU, on `gpu` (uploaded from this session's
     /// model): KV cache and activations live there, one submission and one read-back per call
-    /// of [`Session::eval`] (per 32 tokens). Only before the first token.
+    /// of [`Session::eval`] (per 32 tokens). A segment (`GpuModel::upload_segment`) runs only
+    /// its layers there, on the residual stream the CPU hands over once per evaluation (per 32
+    /// tokens) and takes back. Only before the first token.
     ///
     /// Errors: [`Error::InvalidArgument`] after tokens were evaluated, or for a model or FFN mode
     /// the resident pass does not run ([`crate::gpu::forward::check_supported`]).
@@ -110,10 +112,11 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Whether the whole forward pass runs on the GPU ([`Session::set_gpu_model`]).
+    /// Whether the whole forward pass runs on the GPU ([`Session::set_gpu_model`] with a whole
+    /// model).
     pub fn on_gpu(&self) -> bool {
         #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
-        return self.gpu.is_some();
+        return self.gpu.as_ref().is_some_and(|g| g.is_whole());
         #[cfg(not(all(feature = "gpu", not(target_arch = "wasm32"))))]
         false
     }
@@ -196,7 +199,7 @@ impl<'m> Session<'m> {
     pub fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
         check_tokens(self.fwd.model, tokens, self.n_past, self.n_ctx())?;
         #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
-        if let Some(gpu) = &mut self.gpu {
+        if let Some(gpu) = self.gpu.as_mut().filter(|g| g.is_whole()) {
             let mut logits = Vec::new();
             for chunk in tokens.chunks(crate::gpu::forward::MAX_TOKENS_PER_SUBMIT) {
                 let pending = gpu.submit(self.fwd.model, chunk, which, self.fwd.ffn_mode)?;
@@ -219,12 +222,7 @@ impl<'m> Session<'m> {
                     Logits::All => (0..n).collect(),
                     Logits::Last => vec![n - 1],
                 };
-                let mut seq = [SeqRows {
-                    cache: &mut self.cache,
-                    n_past: self.n_past,
-                    n,
-                }];
-                let chunk_logits = self.fwd.forward(chunk, &mut seq, &out_rows)?;
+                let chunk_logits = self.forward_chunk(chunk, &out_rows)?;
                 self.n_past += n;
                 if which == Logits::All {
                     logits.extend_from_slice(&chunk_logits);
@@ -235,6 +233,41 @@ impl<'m> Session<'m> {
             Ok(logits)
         })
     }
+}
+
+impl Session<'_> {
+    /// One forward batch of this session's `tokens` on the CPU, the layers of a GPU segment
+    /// ([`Session::set_gpu_model`]) excepted; the logits of the rows `out_rows`.
+    fn forward_chunk(&mut self, tokens: &[u32], out_rows: &[usize]) -> Result<Vec<f32>> {
+        let mut seq = [SeqRows {
+            cache: &mut self.cache,
+            n_past: self.n_past,
+            n: tokens.len(),
+        }];
+        #[cfg(all(feature = "gpu", not(target_arch = "wasm32")))]
+        if let Some(gpu) = &mut self.gpu {
+            let (pos, mode) = (self.n_past, self.fwd.ffn_mode);
+            let layers = gpu.layers();
+            let mut run = |x: &[f32]| gpu.run_segment(x, pos, mode);
+            let segment = Segment {
+                layers,
+                run: &mut run,
+            };
+            return self
+                .fwd
+                .forward_with(tokens, &mut seq, out_rows, Some(segment));
+        }
+        self.fwd.forward(tokens, &mut seq, out_rows)
+    }
+}
+
+/// Consecutive layers another device runs (a GPU segment): `run` takes the residual stream
+/// before layer `layers.start` and returns it after layer `layers.end - 1`.
+pub(super) struct Segment<'a> {
+    /// The layers the segment runs.
+    pub layers: std::ops::Range<usize>,
+    /// Runs them on the residual stream.
+    pub run: &'a mut dyn FnMut(&[f32]) -> Result<Vec<f32>>,
 }
 
 /// The embeddings (`tokens.len() × n_embd`) of `tokens` at positions `pos0, pos0 + 1, …`: the
@@ -351,10 +384,31 @@ impl<'m> Forward<'m> {
         seqs: &mut [SeqRows],
         out_rows: &[usize],
     ) -> Result<Vec<f32>> {
+        self.forward_with(tokens, seqs, out_rows, None)
+    }
+
+    /// [`Forward::forward`] with the layers of `segment` run by it instead of the CPU.
+    pub(super) fn forward_with(
+        &mut self,
+        tokens: &[u32],
+        seqs: &mut [SeqRows],
+        out_rows: &[usize],
+        mut segment: Option<Segment>,
+    ) -> Result<Vec<f32>> {
         let mut x = self.embed(tokens, seqs)?;
         self.prefill = seqs.iter().any(|s| s.n > 1);
-        for il in 0..self.model.hp.n_layer {
-            self.block(il, &mut x, seqs)?;
+        let mut il = 0;
+        while il < self.model.hp.n_layer {
+            match &mut segment {
+                Some(s) if s.layers.start == il && !s.layers.is_empty() => {
+                    x = (s.run)(&x)?;
+                    il = s.layers.end;
+                }
+                _ => {
+                    self.block(il, &mut x, seqs)?;
+                    il += 1;
+                }
+            }
         }
         self.logits(&x, out_rows)
     }

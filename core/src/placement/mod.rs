@@ -51,11 +51,15 @@
 //! expected share of a layer's activated neurons that the GPU serves. [`cost::predict`] turns a
 //! plan into a predicted decode speed, and [`gpuidx`] reads and writes PowerInfer's
 //! `<model>.generated.gpuidx` side file.
+//!
+//! Dense models (no neuron-major `ffn_down_t`, so no neuron split) are placed by [`segment`]
+//! instead: whole layers, attention, FFN and KV cache, within the budget.
 
 pub mod cost;
 pub mod gpuidx;
 pub mod known;
 mod problem;
+pub mod segment;
 mod solve;
 pub mod stats;
 

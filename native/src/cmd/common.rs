@@ -335,10 +335,12 @@ impl ModelArgs {
                 );
                 super::device::Placement::cpu("device: cpu (TEAL runs on the CPU)")
             }
-            (None, Some(Ffn::Mode(mode))) => self.device.place(&path, &model, mode, resident)?,
+            (None, Some(Ffn::Mode(mode))) => {
+                self.device.place(&path, &model, mode, resident, n_ctx)?
+            }
             (None, _) => {
                 let mode = default_ffn_mode(&model);
-                self.device.place(&path, &model, mode, resident)?
+                self.device.place(&path, &model, mode, resident, n_ctx)?
             }
         };
         let note = &placement.note;

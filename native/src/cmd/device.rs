@@ -1,6 +1,7 @@
 //! `--device` and `--vram-budget`: where the forward pass runs. On a GPU without a budget (or with
 //! one that holds every weight) the whole pass is resident there; with a smaller budget the FFN's
-//! hot neurons (or whole dense layers) go to the GPU and the rest runs on the CPU. The hot neurons
+//! hot neurons go to the GPU and the rest runs on the CPU, or, for a dense model, its last layers
+//! whole (attention, FFN and KV cache: a GPU segment). The hot neurons
 //! come from PowerInfer's side file `<model>.generated.gpuidx` when there is one that fits the
 //! budget (`hotcold plan --write-gpuidx` writes it), else from the planner.
 
@@ -12,10 +13,11 @@ use hotcold_core::engine::{
     ffn_bytes, hot_from_index, hot_neurons, layer_fits_kernels, CpuFfn, FfnMode, FfnOffload, GpuFfn,
 };
 use hotcold_core::gguf::GgufFile;
-use hotcold_core::gpu::forward::{check_supported, resident_bytes, GpuModel};
+use hotcold_core::gpu::forward::{check_supported, resident_bytes, segment_costs, GpuModel};
 use hotcold_core::gpu::{AdapterChoice, GpuContext};
 use hotcold_core::model::Model;
 use hotcold_core::placement::gpuidx::GpuIndex;
+use hotcold_core::placement::segment::dense_segment;
 
 /// `--device` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,11 +33,13 @@ pub enum DeviceArg {
 /// `--device`, `--vram-budget`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// Where the model runs (`gpu`: all of it without --vram-budget, else the FFN's hot part).
+    /// Where the model runs (`gpu`: all of it without --vram-budget, else the FFN's hot part, or
+    /// a dense model's last layers).
     #[arg(long = "device", value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
     /// FFN weights to place on the GPU: a size (`512MiB`, `8GiB`, `300MB`, bytes) or a share of
-    /// the model's FFN (`50%`). Default: the whole model, resident on the GPU (a size that holds
+    /// the model's FFN (`50%`); for a dense model, the bytes its GPU layers take (weights, KV
+    /// cache and working vectors). Default: the whole model, resident on the GPU (a size that holds
     /// every weight does the same).
     #[arg(long = "vram-budget", value_parser = parse_budget)]
     pub vram_budget: Option<Budget>,
@@ -99,14 +103,17 @@ impl Placement {
 }
 
 impl DeviceArgs {
-    /// Where these flags put `model` (read from `path`) in FFN mode `mode`. With `resident` false
-    /// (batched decoding, which the resident pass does not run) a GPU only ever takes the FFN.
+    /// Where these flags put `model` (read from `path`) in FFN mode `mode`, for sessions of up
+    /// to `n_ctx` positions. With `resident` false (batched decoding, which the resident pass does
+    /// not run) a GPU only ever takes the FFN. A dense model (no `ffn_down_t`) under a smaller
+    /// budget gets a GPU segment: its last layers whole, with their KV cache, within the budget.
     pub fn place(
         &self,
         path: &Path,
         model: &Model,
         mode: FfnMode,
         resident: bool,
+        n_ctx: usize,
     ) -> anyhow::Result<Placement> {
         let ctx = match self.device {
             DeviceArg::Cpu => None,
@@ -154,6 +161,10 @@ impl DeviceArgs {
             }
         }
         let budget = self.vram_budget.map_or(u64::MAX, |b| b.bytes(model));
+        let dense = model.layers.iter().any(|l| l.down_t.is_none());
+        if resident && dense && fallback.is_empty() && check_supported(model, mode).is_ok() {
+            return segment(&ctx, model, mode, budget, n_ctx, software);
+        }
         let (hot, source) = hot_set(path, model, budget)?;
         let gpu = GpuFfn::new(ctx.clone(), model, &hot)?;
         let total = ffn_bytes(model);
@@ -171,6 +182,42 @@ impl DeviceArgs {
             note,
         })
     }
+}
+
+/// A dense model's last layers on the GPU within `budget` bytes (weights, KV cache of `n_ctx`
+/// positions, working vectors), the CPU running the rest.
+fn segment(
+    ctx: &Arc<GpuContext>,
+    model: &Model,
+    mode: FfnMode,
+    budget: u64,
+    n_ctx: usize,
+    software: &str,
+) -> anyhow::Result<Placement> {
+    let (costs, scratch) = segment_costs(model, n_ctx);
+    let plan = dense_segment(&costs, scratch, budget);
+    let n_layer = model.hp.n_layer;
+    let device = format!("device: {}{software}", ctx.describe());
+    if plan.layers.is_empty() {
+        let note = format!("{device}: no layer of this dense model fits the budget with its KV cache: all on the CPU");
+        return Ok(Placement::cpu(&note));
+    }
+    let gpu = GpuModel::upload_segment(ctx.clone(), model, mode, plan.layers.clone())?;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let note = format!(
+        "{device}: layers {}..{} of {n_layer} on the GPU ({:.1} MiB: weights {:.1} + KV cache {:.1} + working vectors {:.1}; the residual crosses the bus once each way per step)",
+        plan.layers.start,
+        plan.layers.end,
+        mib(plan.bytes()),
+        mib(plan.weights),
+        mib(plan.kv_cache),
+        mib(plan.scratch),
+    );
+    Ok(Placement {
+        offload: Arc::new(CpuFfn),
+        gpu_model: Some(Arc::new(gpu)),
+        note,
+    })
 }
 
 /// The hot neurons for `budget` bytes of FFN weights: those of the GPU index next to `path` when

@@ -7,9 +7,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use hotcold_core::gguf::GgufFile;
+use hotcold_core::gpu::forward::segment_costs;
+use hotcold_core::model::Model;
 use hotcold_core::models::DefaultModel;
 use hotcold_core::placement::cost::{predict, Devices};
 use hotcold_core::placement::gpuidx::GpuIndex;
+use hotcold_core::placement::segment::dense_segment;
 use hotcold_core::placement::{known, solve, stats, Plan, Problem};
 
 use super::size_arg::{format_size, parse_size};
@@ -46,6 +49,10 @@ pub struct Args {
     /// Print the cost model's predictions for PowerInfer's published setups.
     #[arg(long)]
     known_setups: bool,
+    /// Context size the KV cache of a dense model's GPU layers is planned for (default: the
+    /// model's training context, at most 4096, as `run` uses).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    ctx_size: Option<usize>,
 }
 
 /// Runs `hotcold plan`.
@@ -123,6 +130,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("solved in {:.3} ms", solve_time.as_secs_f64() * 1e3);
 
+    if file.tensor("blk.0.ffn_down_t.weight").is_none() {
+        print_segment(&path, budget, args.ctx_size)?;
+    }
+
     if let Some(out) = args.write_gpuidx {
         let out = out.unwrap_or_else(|| GpuIndex::side_file_path(&path));
         let index = GpuIndex {
@@ -134,6 +145,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", out.display()))?;
         println!("wrote {}", out.display());
     }
+    Ok(())
+}
+
+/// A dense model's plan as `run --device gpu --vram-budget` places it: its last layers whole
+/// (attention, FFN, KV cache) on the GPU ([`dense_segment`]).
+fn print_segment(
+    path: &std::path::Path,
+    budget: u64,
+    ctx_size: Option<usize>,
+) -> anyhow::Result<()> {
+    let model = Model::open(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let n_ctx = ctx_size.unwrap_or(model.hp.n_ctx_train.min(4096));
+    anyhow::ensure!(n_ctx > 0, "-c must be at least 1");
+    let (costs, scratch) = segment_costs(&model, n_ctx);
+    let plan = dense_segment(&costs, scratch, budget);
+    let n_layer = model.hp.n_layer;
+    println!(
+        "dense model: the hybrid pass places whole layers (no neuron split without ffn_down_t): \
+         layers {}..{} ({} of {n_layer}) on the GPU with their KV cache for {n_ctx} positions",
+        plan.layers.start,
+        plan.layers.end,
+        plan.layers.len(),
+    );
+    println!(
+        "dense GPU bytes: {} = weights {} + KV cache {} + working vectors {} (a layer: weights {}, KV cache {})",
+        format_size(plan.bytes()),
+        format_size(plan.weights),
+        format_size(plan.kv_cache),
+        format_size(plan.scratch),
+        format_size(costs.first().map_or(0, |c| c.weights)),
+        format_size(costs.first().map_or(0, |c| c.kv_cache)),
+    );
     Ok(())
 }
 

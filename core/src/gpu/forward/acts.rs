@@ -61,12 +61,23 @@ pub(super) struct ActSets {
     empty: wgpu::Buffer,
 }
 
+/// The lengths (u32 words) of one set's buffers `f`, `q`, `d`, `b` for `max_cols` values.
+fn lens(max_cols: usize) -> [usize; 4] {
+    [
+        max_cols,
+        max_cols.div_ceil(4),
+        max_cols.div_ceil(32),
+        max_cols.div_ceil(16),
+    ]
+}
+
 fn buffers(ctx: &GpuContext, max_cols: usize) -> ActBuffers {
+    let [f, q, d, b] = lens(max_cols);
     ActBuffers {
-        f: ctx.output("xf", max_cols),
-        q: ctx.output("xq", max_cols.div_ceil(4)),
-        d: ctx.output("xd", max_cols.div_ceil(32)),
-        b: ctx.output("xb", max_cols.div_ceil(16)),
+        f: ctx.output("xf", f),
+        q: ctx.output("xq", q),
+        d: ctx.output("xd", d),
+        b: ctx.output("xb", b),
     }
 }
 
@@ -79,6 +90,12 @@ impl ActSets {
             q8k: buffers(ctx, max_cols),
             empty: ctx.storage("empty", &[]),
         }
+    }
+
+    /// Bytes [`ActSets::new`] allocates for `max_cols`.
+    pub fn bytes(max_cols: usize) -> u64 {
+        let set: usize = lens(max_cols).iter().map(|n| n.max(&1)).sum();
+        (4 * (3 * set + 1)) as u64
     }
 
     /// Records the quantisation of the first `cols` values of `x` for products with weights of

@@ -2,6 +2,7 @@
 //! blocks, the final norm and the LM head, and the predictors of a sparse file. The token
 //! embedding stays on the CPU: one row per token is dequantised there and uploaded.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::acts::Kind;
@@ -42,17 +43,29 @@ pub(super) struct GpuBlock {
     pub post_ffn_norm: Option<wgpu::Buffer>,
 }
 
-/// A whole model on the GPU, ready for [`super::GpuSession`]s.
+/// The final norm and the LM head on the GPU.
+pub(super) struct GpuHead {
+    pub norm: wgpu::Buffer,
+    pub output: GpuMatrix,
+}
+
+/// A model on the GPU, ready for [`super::GpuSession`]s: the whole model (every block and the LM
+/// head), or a segment of consecutive blocks whose residual stream the CPU hands over
+/// ([`GpuModel::upload_segment`]).
 pub struct GpuModel {
     pub(super) ctx: Arc<GpuContext>,
     pub(super) hp: HyperParams,
+    /// The layers held: `blocks[i]` is layer `layers.start + i`.
+    pub(super) layers: Range<usize>,
     pub(super) blocks: Vec<GpuBlock>,
-    pub(super) output_norm: wgpu::Buffer,
-    pub(super) output: GpuMatrix,
+    /// The final norm and LM head (whole models only).
+    pub(super) head: Option<GpuHead>,
     /// `0..n_ff` on the CPU and on the GPU: the rows of the down axpy.
     pub(super) all_neurons: (Vec<u32>, wgpu::Buffer),
     /// The widest vector a product takes.
     pub(super) max_cols: usize,
+    /// The predictors' widest hidden layer (1 without predictors).
+    pub(super) hidden: usize,
     bytes: u64,
 }
 
@@ -60,6 +73,7 @@ impl std::fmt::Debug for GpuModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuModel")
             .field("gpu", &self.ctx.describe())
+            .field("layers", &self.layers)
             .field("bytes", &self.bytes)
             .finish()
     }
@@ -142,17 +156,54 @@ fn block_matrices(l: &LayerWeights) -> Vec<&Weight> {
     w
 }
 
-/// Bytes of weight matrices [`GpuModel::upload`] puts on the GPU for `model` (norms and biases
-/// aside): what a `--vram-budget` must hold for the resident pass.
+/// Bytes of a weight's packed blocks.
+fn weight_bytes(w: &Weight) -> u64 {
+    (w.rows * (w.cols / w.ty.block_size() * w.ty.block_bytes())) as u64
+}
+
+/// Bytes of weights [`GpuModel::upload`] puts on the GPU for `model` (every block's
+/// [`block_bytes`] and the LM head's matrix): what a `--vram-budget` must hold for the resident
+/// pass, besides the KV cache and working vectors ([`super::session_bytes`]).
 pub fn resident_bytes(model: &Model) -> u64 {
-    let bytes = |w: &Weight| (w.rows * (w.cols / w.ty.block_size() * w.ty.block_bytes())) as u64;
-    let blocks: u64 = model
-        .layers
-        .iter()
-        .flat_map(block_matrices)
-        .map(bytes)
-        .sum();
-    blocks + bytes(&model.output)
+    let blocks: u64 = (0..model.hp.n_layer).map(|il| block_bytes(model, il)).sum();
+    blocks + weight_bytes(&model.output)
+}
+
+/// Bytes layer `il`'s block takes on the GPU: its matrices ([`resident_bytes`]'s share) and its
+/// norm weights and biases.
+pub fn block_bytes(model: &Model, il: usize) -> u64 {
+    let l = &model.layers[il];
+    let vectors = [
+        &l.bq,
+        &l.bk,
+        &l.bv,
+        &l.q_norm,
+        &l.k_norm,
+        &l.bo,
+        &l.post_attn_norm,
+        &l.post_ffn_norm,
+    ];
+    let floats = l.attn_norm.weight.len()
+        + l.ffn_norm.weight.len()
+        + vectors
+            .iter()
+            .filter_map(|v| v.as_ref())
+            .map(Vec::len)
+            .sum::<usize>();
+    block_matrices(l).into_iter().map(weight_bytes).sum::<u64>() + 4 * floats as u64
+}
+
+/// The widest vector a product of `model`'s pass takes, and its predictors' widest hidden layer
+/// (1 without predictors).
+pub(super) fn widths(model: &Model) -> (usize, usize) {
+    let hp = &model.hp;
+    let predictors = model.layers.iter().filter_map(|l| l.predictor.as_ref());
+    let hidden = predictors.clone().map(|p| p.fc1.rows).fold(1, usize::max);
+    let max_cols = predictors.map(|p| p.fc2.cols).fold(
+        hp.n_embd.max(hp.n_ff).max(hp.n_head * hp.head_dim_v),
+        usize::max,
+    );
+    (max_cols, hidden)
 }
 
 /// A vector of f32 on the GPU.
@@ -208,33 +259,79 @@ impl GpuModel {
     ///
     /// Errors: those of [`check_supported`]; [`Error::Gpu`] when a buffer cannot be made.
     pub fn upload(ctx: Arc<GpuContext>, model: &Model, mode: FfnMode) -> Result<GpuModel> {
+        GpuModel::upload_layers(ctx, model, mode, 0..model.hp.n_layer, true)
+    }
+
+    /// Uploads the blocks of the consecutive `layers` only (no LM head): a GPU segment that
+    /// [`super::GpuSession::run_segment`] runs on a residual stream the CPU hands over, with the
+    /// KV cache of those layers on the GPU (llama.cpp-style layer offload).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an empty range or one past the last layer; those
+    /// of [`GpuModel::upload`].
+    pub fn upload_segment(
+        ctx: Arc<GpuContext>,
+        model: &Model,
+        mode: FfnMode,
+        layers: Range<usize>,
+    ) -> Result<GpuModel> {
+        if layers.is_empty() || layers.end > model.hp.n_layer {
+            return Err(Error::InvalidArgument(format!(
+                "a GPU segment of layers {layers:?} in a model of {} layers",
+                model.hp.n_layer
+            )));
+        }
+        GpuModel::upload_layers(ctx, model, mode, layers, false)
+    }
+
+    fn upload_layers(
+        ctx: Arc<GpuContext>,
+        model: &Model,
+        mode: FfnMode,
+        layers: Range<usize>,
+        with_head: bool,
+    ) -> Result<GpuModel> {
         check_supported(model, mode)?;
-        let blocks = model
-            .layers
+        let blocks = model.layers[layers.clone()]
             .iter()
             .map(|l| upload_block(&ctx, model, l))
             .collect::<Result<Vec<_>>>()?;
-        let output = GpuMatrix::upload(&ctx, &model.matrix(&model.output))?;
+        let head = match with_head {
+            true => Some(GpuHead {
+                norm: vector(&ctx, &model.output_norm.weight),
+                output: GpuMatrix::upload(&ctx, &model.matrix(&model.output))?,
+            }),
+            false => None,
+        };
         let hp = model.hp.clone();
         let all: Vec<u32> = (0..hp.n_ff as u32).collect();
         let all_buf = ctx.storage("neurons", bytemuck::cast_slice(&all));
-        let predictor_width = blocks.iter().filter_map(|b| b.predictor.as_ref());
-        let max_cols = predictor_width.map(|(_, fc2)| fc2.cols).fold(
-            hp.n_embd.max(hp.n_ff).max(hp.n_head * hp.head_dim_v),
-            usize::max,
-        );
-        let bytes = resident_bytes(model);
-        let output_norm = vector(&ctx, &model.output_norm.weight);
+        let (max_cols, hidden) = widths(model);
+        let bytes = match with_head {
+            true => resident_bytes(model),
+            false => layers.clone().map(|il| block_bytes(model, il)).sum(),
+        };
         Ok(GpuModel {
             ctx,
             hp,
+            layers,
             blocks,
-            output_norm,
-            output,
+            head,
             all_neurons: (all, all_buf),
             max_cols,
+            hidden,
             bytes,
         })
+    }
+
+    /// The layers on the GPU (all of them for a whole model).
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
+    /// Whether this is the whole model (every block and the LM head), as [`GpuModel::upload`]
+    /// makes it, rather than a segment.
+    pub fn is_whole(&self) -> bool {
+        self.head.is_some()
     }
 
     /// Bytes of weight matrices on the GPU ([`resident_bytes`]).

@@ -5,11 +5,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::acts::ActSets;
-use super::model::GpuModel;
+use super::model::{widths, GpuModel};
 use super::readback::{PendingLogits, StagingPool};
 use crate::engine::{embed_tokens, FfnMode, Logits};
 use crate::gpu::recorder::Binder;
-use crate::model::Model;
+use crate::model::{HyperParams, Model};
 use crate::{Error, Result};
 
 /// Tokens recorded into one command buffer at most (bounds the staging memory of `Logits::All`).
@@ -43,10 +43,58 @@ pub struct GpuSession {
     /// Keys and values of each layer (f16 pairs per u32, position-major).
     pub(super) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     pub(super) n_ctx: usize,
-    n_past: usize,
+    pub(super) n_past: usize,
     /// The parameter ring and the bind groups of this session's buffers.
-    binder: Mutex<Binder>,
-    staging: StagingPool,
+    pub(super) binder: Mutex<Binder>,
+    pub(super) staging: StagingPool,
+}
+
+/// The lengths (f32) of the [`Scratch`] vectors, in field order: `hidden` is the predictors'
+/// widest hidden layer, `head` whether there is an LM head (its logits).
+fn scratch_lens(
+    hp: &HyperParams,
+    n_ctx: usize,
+    hidden: usize,
+    head: bool,
+) -> [(&'static str, usize); 15] {
+    [
+        ("embd", MAX_TOKENS_PER_SUBMIT * hp.n_embd),
+        ("x", hp.n_embd),
+        ("h", hp.n_embd),
+        ("q", hp.q_width()),
+        ("k", hp.k_width()),
+        ("v", hp.v_width()),
+        ("attn", hp.n_head * hp.head_dim_v),
+        ("scores", hp.n_head * n_ctx),
+        ("o", hp.n_embd),
+        ("gate", hp.n_ff),
+        ("up", hp.n_ff),
+        ("ffn_out", hp.n_embd),
+        ("hidden", hidden),
+        ("mask", hp.n_ff),
+        ("logits", if head { hp.n_vocab } else { 1 }),
+    ]
+}
+
+/// The two f16 vectors of one layer's KV cache, in u32 words: keys, values.
+fn kv_words(hp: &HyperParams, n_ctx: usize) -> [usize; 2] {
+    [
+        (n_ctx * hp.k_width()).div_ceil(2),
+        (n_ctx * hp.v_width()).div_ceil(2),
+    ]
+}
+
+/// Bytes a [`GpuSession`] of `n_ctx` positions allocates on the GPU for `n_layers` layers of
+/// `model` (with the LM head's logits when `head`): the KV cache (f16) and the working vectors.
+pub fn session_bytes(model: &Model, n_layers: usize, n_ctx: usize, head: bool) -> u64 {
+    let (max_cols, hidden) = widths(model);
+    let hp = &model.hp;
+    let scratch: usize = scratch_lens(hp, n_ctx, hidden, head)
+        .iter()
+        .map(|(_, n)| n.max(&1))
+        .sum();
+    let kv: usize = kv_words(hp, n_ctx).iter().map(|n| n.max(&1)).sum();
+    4 * (scratch + n_layers * kv) as u64 + ActSets::bytes(max_cols)
 }
 
 impl GpuSession {
@@ -64,36 +112,33 @@ impl GpuSession {
                 ctx.max_binding_bytes()
             )));
         }
-        let hidden = model
-            .blocks
-            .iter()
-            .filter_map(|b| b.predictor.as_ref().map(|(fc1, _)| fc1.rows))
-            .max()
-            .unwrap_or(1);
+        let lens = scratch_lens(hp, n_ctx, model.hidden, model.is_whole());
+        let [embd, x, h, q, k, v, attn, scores, o, gate, up, ffn_out, hidden, mask, logits] =
+            lens.map(|(label, n)| ctx.output(label, n));
         let scratch = Scratch {
-            embd: ctx.output("embd", MAX_TOKENS_PER_SUBMIT * hp.n_embd),
-            x: ctx.output("x", hp.n_embd),
-            h: ctx.output("h", hp.n_embd),
-            q: ctx.output("q", hp.q_width()),
-            k: ctx.output("k", hp.k_width()),
-            v: ctx.output("v", hp.v_width()),
-            attn: ctx.output("attn", hp.n_head * hp.head_dim_v),
-            scores: ctx.output("scores", hp.n_head * n_ctx),
-            o: ctx.output("o", hp.n_embd),
-            gate: ctx.output("gate", hp.n_ff),
-            up: ctx.output("up", hp.n_ff),
-            ffn_out: ctx.output("ffn_out", hp.n_embd),
-            hidden: ctx.output("hidden", hidden),
-            mask: ctx.output("mask", hp.n_ff),
-            logits: ctx.output("logits", hp.n_vocab),
+            embd,
+            x,
+            h,
+            q,
+            k,
+            v,
+            attn,
+            scores,
+            o,
+            gate,
+            up,
+            ffn_out,
+            hidden,
+            mask,
+            logits,
             acts: ActSets::new(ctx, model.max_cols),
         };
-        let kv = (0..hp.n_layer)
+        let kv = model
+            .layers
+            .clone()
             .map(|_| {
-                (
-                    ctx.output("keys", (n_ctx * hp.k_width()).div_ceil(2)),
-                    ctx.output("values", (n_ctx * hp.v_width()).div_ceil(2)),
-                )
+                let [keys, values] = kv_words(hp, n_ctx);
+                (ctx.output("keys", keys), ctx.output("values", values))
             })
             .collect();
         let binder = Mutex::new(Binder::new(ctx, true));
@@ -137,6 +182,12 @@ impl GpuSession {
         mode: FfnMode,
     ) -> Result<PendingLogits> {
         let hp = &self.model.hp;
+        if !self.model.is_whole() {
+            return Err(Error::InvalidArgument(format!(
+                "this GPU model holds layers {:?} only: run it with run_segment",
+                self.model.layers
+            )));
+        }
         if model.hp.n_embd != hp.n_embd || model.hp.n_vocab != hp.n_vocab {
             return Err(Error::InvalidArgument(
                 "this GPU model was uploaded from another model".into(),

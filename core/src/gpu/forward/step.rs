@@ -38,8 +38,9 @@ impl<'a> Product<'a> {
 type Encoder<'a> = Recorder<'a>;
 
 impl GpuSession {
-    /// Records the forward pass of the token whose embedding is in `x`, at position `pos`, and
-    /// (when `logits`) its LM head into the logits buffer.
+    /// Records the forward pass through the model's blocks of the token whose residual (or
+    /// embedding) is in `x`, at position `pos`, and (when `logits` and the model has its LM head)
+    /// the head into the logits buffer.
     pub(super) fn record_token(
         &self,
         enc: &mut Encoder,
@@ -48,14 +49,15 @@ impl GpuSession {
         logits: bool,
     ) -> Result<()> {
         let m = &*self.model;
-        for (il, block) in m.blocks.iter().enumerate() {
+        for (i, block) in m.blocks.iter().enumerate() {
+            let il = m.layers.start + i;
             self.attention(enc, il, block, pos)?;
             self.feed_forward(enc, il, block, mode)?;
         }
-        if logits {
+        if let (true, Some(head)) = (logits, &m.head) {
             let s = &self.scratch;
-            self.normed_copy(enc, &s.x, &s.h, &m.output_norm, m.hp.n_embd);
-            self.products(enc, &s.h, &[Product::all(&m.output, &s.logits)])?;
+            self.normed_copy(enc, &s.x, &s.h, &head.norm, m.hp.n_embd);
+            self.products(enc, &s.h, &[Product::all(&head.output, &s.logits)])?;
         }
         Ok(())
     }
@@ -99,7 +101,7 @@ impl GpuSession {
         };
         ctx.record_rope(enc, &s.q, (hp.n_head, hp.head_dim), rope, pos, 1);
         ctx.record_rope(enc, &s.k, (hp.n_head_kv, hp.head_dim), rope, pos, 1);
-        let (keys, values) = &self.kv[il];
+        let (keys, values) = &self.kv[il - m.layers.start];
         self.store(enc, &s.k, keys, hp.k_width(), pos);
         self.store(enc, &s.v, values, hp.v_width(), pos);
         let shape = AttentionShape {
