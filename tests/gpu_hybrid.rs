@@ -16,7 +16,8 @@ mod common;
 use std::sync::Arc;
 
 use common::gpu::{assert_close, gpu, greedy, step_diffs, tiny, Jitter};
-use hotcold::engine::{ffn_bytes, FfnMode, FfnOffload, GpuFfn, Session};
+use hotcold::engine::{ffn_bytes, thread_pool, FfnMode, FfnOffload, GpuFfn, Logits, Session};
+use hotcold::gpu::{AdapterChoice, GpuContext};
 use hotcold::model::Model;
 use hotcold::models::DefaultModel;
 use hotcold::quant::GgmlType;
@@ -123,4 +124,44 @@ fn a_row_major_down_cannot_be_split() {
     assert!(GpuFfn::new(gpu(), &model, &hot).is_err());
     hot[0] = vec![2, 1];
     assert!(GpuFfn::new(gpu(), &model, &hot).is_err());
+}
+
+/// After its first steps a hybrid session's decode step creates no buffer and no bind group:
+/// each GPU call reuses the FFN's buffers, bind groups and read-back buffer, and creates only its
+/// command encoder (one per submission: at most gate/up and down per layer, or gate, up and down
+/// in dense mode).
+#[test]
+fn hybrid_decode_steps_create_no_wgpu_objects() {
+    // A context of its own: the other tests' objects must not be counted.
+    let ctx = GpuContext::new(AdapterChoice::Any).unwrap();
+    for (arch, ty, mode) in [
+        (SynthArch::Llama, GgmlType::F16, FfnMode::Sparse),
+        (SynthArch::Bamboo, GgmlType::Q4_0, FfnMode::Dense),
+    ] {
+        let model = tiny(arch, ty);
+        let ffn = GpuFfn::with_budget(ctx.clone(), &model, ffn_bytes(&model) / 2).unwrap();
+        let hot: usize = ffn.hot_counts().iter().sum();
+        assert!(hot > 0 && hot < model.hp.n_layer * model.hp.n_ff);
+        let mut s = Session::new(&model, 64, thread_pool(2).unwrap());
+        s.set_ffn_mode(mode).unwrap();
+        s.set_ffn_offload(Arc::new(ffn));
+        let mut token = hotcold::sample::argmax(&s.eval(&[1, 17, 42], Logits::Last).unwrap());
+        let mut made_per_step = Vec::new();
+        for _ in 0..8 {
+            let before = ctx.objects_created();
+            token = hotcold::sample::argmax(&s.eval(&[token], Logits::Last).unwrap());
+            made_per_step.push(ctx.objects_created().since(before));
+        }
+        eprintln!("{arch:?} {mode:?}: objects per step {made_per_step:?}");
+        // The first decode steps may bind a buffer set the prompt did not.
+        for (step, made) in made_per_step.iter().enumerate().skip(2) {
+            let what = format!("{arch:?} {mode:?} step {step}");
+            assert_eq!((made.buffers, made.bind_groups), (0, 0), "{what}");
+            assert!(made.encoders >= 1, "{what}: the GPU took part");
+            assert!(
+                made.encoders <= 3 * model.hp.n_layer as u64,
+                "{what}: {made:?}"
+            );
+        }
+    }
 }

@@ -7,11 +7,11 @@
 //! coefficients rounded by the forward pass before the split, so each output differs from the
 //! CPU-only pass only by float summation order.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::offload::{down_t, ffn_weight, hot_neurons, CpuFfn, FfnOffload, FfnTensor};
 use crate::cpu;
-use crate::gpu::{GpuContext, GpuMatrix, AXPY_TYPES, MATVEC_TYPES};
+use crate::gpu::{GpuContext, GpuMatrix, Workspace, AXPY_TYPES, MATVEC_TYPES};
 use crate::model::Model;
 use crate::Result;
 
@@ -36,6 +36,12 @@ struct GpuLayer {
 pub struct GpuFfn {
     ctx: Arc<GpuContext>,
     layers: Vec<Option<GpuLayer>>,
+    /// The buffers and bind groups every call reuses (one call at a time: a call holds it from
+    /// its submission to its read-back), so that a decode step creates no wgpu object but its
+    /// command encoders.
+    space: Mutex<Workspace>,
+    /// `0..n_ff`: the held rows of a whole layer's down axpy.
+    all_rows: Vec<u32>,
 }
 
 impl std::fmt::Debug for GpuFfn {
@@ -121,7 +127,14 @@ impl GpuFfn {
                 down,
             }));
         }
-        Ok(GpuFfn { ctx, layers })
+        let space = Mutex::new(Workspace::new(&ctx));
+        let all_rows = (0..n_ff as u32).collect();
+        Ok(GpuFfn {
+            ctx,
+            layers,
+            space,
+            all_rows,
+        })
     }
 
     /// The hybrid FFN for a budget of `budget` bytes of FFN weights on the GPU, with the hot set
@@ -181,15 +194,13 @@ impl GpuFfn {
             .map(|&k| layer.local[rows[k] as usize])
             .collect();
         let held: Vec<&GpuMatrix> = whiches.iter().map(|&w| Self::held(layer, w)).collect();
-        let pending = match held[..] {
-            _ if hot_local.is_empty() => Vec::new(),
-            [a, b] if a.ty == b.ty && a.cols == b.cols => {
-                vec![self.ctx.submit_gather_matvec_pair(a, b, &hot_local, x, n)?]
-            }
-            _ => held
-                .iter()
-                .map(|w| self.ctx.submit_gather_matvec(w, &hot_local, x, n))
-                .collect::<Result<_>>()?,
+        let mut space = self.space();
+        let pending = match hot_local.is_empty() {
+            true => None,
+            false => Some(
+                self.ctx
+                    .submit_products(&mut space, &held, Some(&hot_local), x, n)?,
+            ),
         };
         let cold_rows: Vec<u32> = cold_pos.iter().map(|&k| rows[k]).collect();
         let mut cold = Vec::with_capacity(whiches.len());
@@ -201,10 +212,11 @@ impl GpuFfn {
             }
             cold.push(y);
         }
-        let mut hot: Vec<f32> = Vec::new();
-        for p in pending {
-            hot.extend(p.wait(&self.ctx)?);
-        }
+        let hot = match pending {
+            Some(p) => p.wait(&self.ctx)?,
+            None => Vec::new(),
+        };
+        drop(space);
         let (m, h) = (rows.len(), n * hot_pos.len());
         let merged = cold
             .iter()
@@ -225,6 +237,19 @@ impl GpuFfn {
             })
             .collect();
         Ok(merged)
+    }
+
+    /// The reused buffers (a poisoned lock still holds usable buffers).
+    fn space(&self) -> MutexGuard<'_, Workspace> {
+        self.space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// All held rows of `w` times `x`, with the reused buffers.
+    fn matvec(&self, w: &GpuMatrix, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mut space = self.space();
+        self.ctx
+            .submit_products(&mut space, &[w], None, x, n)?
+            .wait(&self.ctx)
     }
 
     /// Gate or up on the GPU.
@@ -250,16 +275,11 @@ impl FfnOffload for GpuFfn {
         };
         match which {
             FfnTensor::Down => match &layer.down {
-                Some(down) => self.ctx.matvec(down, x, n),
+                Some(down) => self.matvec(down, x, n),
                 None => CpuFfn.matmul(model, il, which, x, n),
             },
-            _ if layer.hot.len() == model.hp.n_ff => {
-                self.ctx.matvec(Self::held(layer, which), x, n)
-            }
-            _ => {
-                let all: Vec<u32> = (0..model.hp.n_ff as u32).collect();
-                self.gather(model, il, which, &all, x, n)
-            }
+            _ if layer.hot.len() == model.hp.n_ff => self.matvec(Self::held(layer, which), x, n),
+            _ => self.gather(model, il, which, &self.all_rows, x, n),
         }
     }
 
@@ -314,10 +334,14 @@ impl FfnOffload for GpuFfn {
                 cold[idx] = 0.0;
             }
         }
+        let mut space = self.space();
         let pending = if coeffs.iter().any(|&c| c != 0.0) {
-            let all: Vec<u32> = (0..h as u32).collect();
             let w = layer.down_t.as_ref().expect("checked above");
-            Some(self.ctx.submit_sparse_axpy(w, &all, &coeffs, n)?)
+            let all = &self.all_rows[..h];
+            Some(
+                self.ctx
+                    .submit_sparse_axpy_in(&mut space, w, all, &coeffs, n)?,
+            )
         } else {
             None
         };

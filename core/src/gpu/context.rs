@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
+use super::workspace::Workspace;
+
 use crate::{Error, Result};
 
 /// Which adapters a context may use.
@@ -259,24 +261,15 @@ impl GpuContext {
         })
     }
 
-    /// Submits `encoder` after copying the first `n` f32 of `src` to a staging buffer; the returned
-    /// [`Pending`] waits for the GPU and reads them.
+    /// Submits `encoder` after copying the first `n` f32 of `src` to a new staging buffer; the
+    /// returned [`Pending`] waits for the GPU and reads them.
     pub(crate) fn submit_read(
         &self,
-        mut encoder: wgpu::CommandEncoder,
+        encoder: wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         n: usize,
     ) -> Pending {
-        let size = (n.max(1) * 4) as u64;
-        let staging = self.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read-back"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        encoder.copy_buffer_to_buffer(src, 0, &staging, 0, size);
-        let index = self.queue.submit([encoder.finish()]);
-        Pending { staging, index, n }
+        Workspace::transient(self).submit_read(self, encoder, src, n)
     }
 
     /// A new command encoder.
@@ -296,6 +289,11 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// The first `n` f32 of `staging`, once submission `index` is done.
+    pub(crate) fn new(staging: wgpu::Buffer, index: wgpu::SubmissionIndex, n: usize) -> Pending {
+        Pending { staging, index, n }
+    }
+
     /// Blocks until the GPU has finished and returns the result.
     ///
     /// Errors: [`Error::Gpu`] when the device is lost or the buffer cannot be mapped, and always

@@ -8,6 +8,7 @@ use super::pipelines::{grid, WG};
 use super::recorder::Recorder;
 use super::shaders::Shader;
 use super::weights::{type_id, GpuMatrix, AXPY_TYPES};
+use super::workspace::{Use, Workspace};
 use crate::cpu::{quantize_like_matmul, ActKind};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -60,8 +61,8 @@ pub(crate) struct Epilogue {
 pub(crate) enum Rows<'a> {
     /// Every held row.
     All,
-    /// The sorted held rows listed.
-    Gather(&'a [u32]),
+    /// The sorted held rows listed, on the CPU and uploaded.
+    Gather(&'a [u32], &'a wgpu::Buffer),
     /// Every held row whose word in the mask (one per row) is non-zero; the others output 0.
     Mask(&'a wgpu::Buffer),
 }
@@ -88,8 +89,16 @@ fn check_rows(w: &GpuMatrix, rows: &[u32]) -> Result<()> {
 }
 
 impl GpuContext {
-    /// Uploads `x` quantised for weights of type `ty`.
-    fn upload_acts(&self, ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<ActBuffers> {
+    /// Uploads `x` quantised for weights of type `ty` into `ws`'s activation buffers `set`.
+    fn upload_acts(
+        &self,
+        ws: &mut Workspace,
+        set: usize,
+        ty: GgmlType,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+    ) -> Result<ActBuffers> {
         let acts = quantize_like_matmul(ty, x, n, cols)?;
         let float = matches!(acts.kind, ActKind::F32 | ActKind::F16);
         let empty: &[u8] = &[];
@@ -101,32 +110,20 @@ impl GpuContext {
         } else {
             Vec::new()
         };
+        let (f, q, d): (&[u8], &[u8], &[u8]) = if float {
+            (bytemuck::cast_slice(&acts.f[..n * cols]), empty, empty)
+        } else {
+            (
+                empty,
+                bytemuck::cast_slice(&acts.q[..n * cols]),
+                bytemuck::cast_slice(&acts.d[..n * acts.nb()]),
+            )
+        };
         Ok(ActBuffers {
-            f: self.storage(
-                "x",
-                if float {
-                    bytemuck::cast_slice(&acts.f[..n * cols])
-                } else {
-                    empty
-                },
-            ),
-            q: self.storage(
-                "xq",
-                if float {
-                    empty
-                } else {
-                    bytemuck::cast_slice(&acts.q[..n * cols])
-                },
-            ),
-            d: self.storage(
-                "xd",
-                if float {
-                    empty
-                } else {
-                    bytemuck::cast_slice(&acts.d[..n * acts.nb()])
-                },
-            ),
-            b: self.storage("xb", bytemuck::cast_slice(&bsums)),
+            f: ws.upload(self, ("x", set), f),
+            q: ws.upload(self, ("xq", set), q),
+            d: ws.upload(self, ("xd", set), d),
+            b: ws.upload(self, ("xb", set), bytemuck::cast_slice(&bsums)),
         })
     }
 
@@ -144,7 +141,7 @@ impl GpuContext {
         epilogue: Epilogue,
     ) {
         let rows = match sel {
-            Rows::Gather(rows) => Some(rows),
+            Rows::Gather(rows, _) => Some(rows),
             _ => None,
         };
         let pipeline = self.pipeline(
@@ -159,14 +156,10 @@ impl GpuContext {
             ],
         );
         let y_stride = rows.map_or(w.rows, <[u32]>::len);
-        let idx_list;
         let idx = match sel {
             Rows::Mask(mask) => mask,
             Rows::All => self.empty_buffer(),
-            Rows::Gather(rows) => {
-                idx_list = self.storage("rows", bytemuck::cast_slice(rows));
-                &idx_list
-            }
+            Rows::Gather(_, idx) => idx,
         };
         for chunk in &w.chunks {
             // The outputs of this chunk: its rows (dense), or the indices that fall in it (the
@@ -206,7 +199,7 @@ impl GpuContext {
     ///
     /// Errors: [`Error::InvalidArgument`] for a wrong `x` length.
     pub fn submit_matvec(&self, w: &GpuMatrix, x: &[f32], n: usize) -> Result<Pending> {
-        self.submit_products(w, None, x, n, Epilogue::default())
+        self.submit_products(&mut Workspace::transient(self), &[w], None, x, n)
     }
 
     /// Submits the gathered product `y[t][k] = dot(held row rows[k], x_t)` (`y` is
@@ -220,33 +213,64 @@ impl GpuContext {
         x: &[f32],
         n: usize,
     ) -> Result<Pending> {
-        check_rows(w, rows)?;
-        if !rows.is_sorted() {
+        self.submit_products(&mut Workspace::transient(self), &[w], Some(rows), x, n)
+    }
+
+    /// Submits the products of the matrices `ws` (all of one width) with the same `n` token rows
+    /// `x`, over every held row (`rows` None) or the sorted held rows `rows`, as one submission
+    /// with the buffers and bind groups of `space`: `x` is quantised and uploaded once per weight
+    /// type, and the outputs are read back at once, `ws[0]`'s `n × rows` values, then `ws[1]`'s, …
+    ///
+    /// Errors: [`Error::InvalidArgument`] for matrices of different widths, an unsorted or
+    /// out-of-range index, or a wrong `x` length.
+    pub(crate) fn submit_products(
+        &self,
+        space: &mut Workspace,
+        ws: &[&GpuMatrix],
+        rows: Option<&[u32]>,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Pending> {
+        for w in ws {
+            check_x(w, x, n)?;
+            if let Some(rows) = rows {
+                check_rows(w, rows)?;
+            }
+        }
+        if rows.is_some_and(|r| !r.is_sorted()) {
             return Err(Error::InvalidArgument(
                 "gathered rows must be sorted".into(),
             ));
         }
-        self.submit_products(w, Some(rows), x, n, Epilogue::default())
-    }
-
-    fn submit_products(
-        &self,
-        w: &GpuMatrix,
-        rows: Option<&[u32]>,
-        x: &[f32],
-        n: usize,
-        epilogue: Epilogue,
-    ) -> Result<Pending> {
-        check_x(w, x, n)?;
-        let acts = self.upload_acts(w.ty, x, n, w.cols)?;
-        let n_out = n * rows.map_or(w.rows, <[u32]>::len);
-        let y = self.output("y", n_out);
-        let sel = rows.map_or(Rows::All, Rows::Gather);
-        let (encoder, ()) = self.record_once(|rec| {
-            self.record_matvec(rec, w, sel, &acts, n, (&y, 0), epilogue);
+        let mut types: Vec<GgmlType> = Vec::new();
+        let mut acts = Vec::new();
+        for w in ws {
+            if !types.contains(&w.ty) {
+                acts.push(self.upload_acts(space, types.len(), w.ty, x, n, w.cols)?);
+                types.push(w.ty);
+            }
+        }
+        let idx = rows.map(|r| space.upload(self, ("rows", 0), bytemuck::cast_slice(r)));
+        let outs: Vec<usize> = ws
+            .iter()
+            .map(|w| n * rows.map_or(w.rows, <[u32]>::len))
+            .collect();
+        let n_out = outs.iter().sum();
+        let y = space.buffer(self, ("y", 0), (n_out * 4) as u64, Use::Storage);
+        let sel = match (rows, &idx) {
+            (Some(rows), Some(idx)) => Rows::Gather(rows, idx),
+            _ => Rows::All,
+        };
+        let (encoder, ()) = self.record(space.binder(), |rec| {
+            let mut base = 0;
+            for (w, out) in ws.iter().zip(&outs) {
+                let a = &acts[types.iter().position(|&t| t == w.ty).expect("uploaded")];
+                self.record_matvec(rec, w, sel, a, n, (&y, base), Epilogue::default());
+                base += out;
+            }
             Ok(())
         })?;
-        Ok(self.submit_read(encoder, &y, n_out))
+        Ok(space.submit_read(self, encoder, &y, n_out))
     }
 
     /// Submits the gathered products of two matrices of the same type and width over the same
@@ -269,25 +293,8 @@ impl GpuContext {
                 w1.ty, w1.cols, w2.ty, w2.cols
             )));
         }
-        check_rows(w1, rows)?;
-        check_rows(w2, rows)?;
-        check_x(w1, x, n)?;
-        if !rows.is_sorted() {
-            return Err(Error::InvalidArgument(
-                "gathered rows must be sorted".into(),
-            ));
-        }
-        let acts = self.upload_acts(w1.ty, x, n, w1.cols)?;
-        let half = n * rows.len();
-        let y = self.output("y", 2 * half);
-        let (encoder, ()) = self.record_once(|rec| {
-            for (w, base) in [(w1, 0), (w2, half)] {
-                let e = Epilogue::default();
-                self.record_matvec(rec, w, Rows::Gather(rows), &acts, n, (&y, base), e);
-            }
-            Ok(())
-        })?;
-        Ok(self.submit_read(encoder, &y, 2 * half))
+        let space = &mut Workspace::transient(self);
+        self.submit_products(space, &[w1, w2], Some(rows), x, n)
     }
 
     /// [`GpuContext::submit_matvec`], waited for.
@@ -319,6 +326,20 @@ impl GpuContext {
         a: &[f32],
         n: usize,
     ) -> Result<Pending> {
+        self.submit_sparse_axpy_in(&mut Workspace::transient(self), w_t, rows, a, n)
+    }
+
+    /// [`GpuContext::submit_sparse_axpy`] with the buffers and bind groups of `space`.
+    ///
+    /// Errors: as [`GpuContext::submit_sparse_axpy`].
+    pub(crate) fn submit_sparse_axpy_in(
+        &self,
+        space: &mut Workspace,
+        w_t: &GpuMatrix,
+        rows: &[u32],
+        a: &[f32],
+        n: usize,
+    ) -> Result<Pending> {
         if !AXPY_TYPES.contains(&w_t.ty) {
             return Err(Error::UnsupportedType {
                 ty: w_t.ty.name(),
@@ -337,15 +358,15 @@ impl GpuContext {
             )));
         }
         let n_out = n * w_t.cols;
-        let y = self.output("axpy", n_out);
-        let a_buf = self.storage("a", bytemuck::cast_slice(a));
-        let idx = self.storage("rows", bytemuck::cast_slice(rows));
-        let (encoder, ()) = self.record_once(|rec| {
+        let y = space.buffer(self, ("axpy", 0), (n_out * 4) as u64, Use::Storage);
+        let a_buf = space.upload(self, ("a", 0), bytemuck::cast_slice(a));
+        let idx = space.upload(self, ("rows", 0), bytemuck::cast_slice(rows));
+        let (encoder, ()) = self.record(space.binder(), |rec| {
             rec.clear(&y);
             self.record_sparse_axpy(rec, w_t, (rows, &idx), &a_buf, &y, n);
             Ok(())
         })?;
-        Ok(self.submit_read(encoder, &y, n_out))
+        Ok(space.submit_read(self, encoder, &y, n_out))
     }
 
     /// Records `y[t] += Σ_k a[t][k] · held row rows[k]` of `w_t` (`rows` sorted, given on the CPU
@@ -422,7 +443,7 @@ impl GpuContext {
             )));
         }
         check_x(fc1, x, n)?;
-        let acts = self.upload_acts(fc1.ty, x, n, fc1.cols)?;
+        let acts = self.upload_acts(&mut Workspace::transient(self), 0, fc1.ty, x, n, fc1.cols)?;
         let hidden = self.output("hidden", n * fc1.rows);
         let epilogue = Epilogue {
             relu: true,

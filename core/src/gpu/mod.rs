@@ -15,8 +15,10 @@ mod recorder;
 mod shaders;
 mod vector_ops;
 mod weights;
+mod workspace;
 
 pub use context::{AdapterChoice, GpuContext, ObjectCounts, Pending, MAX_BINDING_BYTES};
 pub use shaders::Shader;
 pub use vector_ops::{AttentionShape, RopeSettings};
 pub use weights::{GpuMatrix, AXPY_TYPES, MATVEC_TYPES};
+pub(crate) use workspace::Workspace;

@@ -55,6 +55,14 @@ impl Binder {
         }
     }
 
+    /// Forgets the cached bind groups (and so releases their buffers): for a user that replaced
+    /// buffers it had recorded with.
+    pub(crate) fn forget_groups(&mut self) {
+        if let Some(groups) = &mut self.groups {
+            groups.clear();
+        }
+    }
+
     /// Replaces the ring by one of at least `slots` slots.
     fn grow(&mut self, ctx: &GpuContext, slots: usize) {
         self.slots = slots.next_power_of_two();
