@@ -21,4 +21,5 @@ pub use context::{AdapterChoice, GpuContext, ObjectCounts, Pending, MAX_BINDING_
 pub use shaders::Shader;
 pub use vector_ops::{AttentionShape, RopeSettings};
 pub use weights::{GpuMatrix, AXPY_TYPES, MATVEC_TYPES};
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) use workspace::Workspace;

@@ -27,7 +27,8 @@ pub(crate) struct Workspace {
 
 impl Workspace {
     /// A workspace that keeps its buffers and bind groups (only for one user at a time: a
-    /// buffer handed out is handed out again by the next call).
+    /// buffer handed out is handed out again by the next call). The hybrid FFN's (native only).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn new(ctx: &GpuContext) -> Workspace {
         Workspace {
             binder: Binder::new(ctx, true),
@@ -84,7 +85,7 @@ impl Workspace {
         }
         let words = data.len().div_ceil(4);
         let b = self.buffer(ctx, key, (words * 4) as u64, Use::Storage);
-        if data.len() % 4 != 0 {
+        if !data.len().is_multiple_of(4) {
             let mut padded = data.to_vec();
             padded.resize(words * 4, 0);
             ctx.queue.write_buffer(&b, 0, &padded);
