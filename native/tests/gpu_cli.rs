@@ -1,6 +1,6 @@
 //! `--device` and `--vram-budget` end to end: the same greedy text on the GPU (any adapter;
-//! lavapipe in CI) as on the CPU, on the default model (whole layers offloaded, or the whole model
-//! resident) and on a `synth` sparse model (hot neurons split, or resident in `--ffn sparse` and
+//! lavapipe in CI) as on the CPU, on the default model (its last layers on the GPU as a segment,
+//! or the whole model resident) and on a `synth` sparse model (hot neurons split, or resident in `--ffn sparse` and
 //! `dense`), and clear errors for bad values; `--vram-budget` takes its hot neurons from
 //! PowerInfer's side file `<model>.generated.gpuidx` when one fits the budget.
 
@@ -39,12 +39,16 @@ fn greedy_with_stderr(model: &str, extra: &[&str]) -> (String, String) {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     if extra.contains(&"gpu") {
-        let placed = if extra.contains(&"--vram-budget") {
-            "of FFN weights on the GPU"
+        let placed: &[&str] = if extra.contains(&"--vram-budget") {
+            // hot neurons, or a dense model's last layers (a segment)
+            &[
+                "of FFN weights on the GPU",
+                "the residual crosses the bus once",
+            ]
         } else {
-            "the whole model on the GPU"
+            &["the whole model on the GPU"]
         };
-        assert!(stderr.contains(placed), "{stderr}");
+        assert!(placed.iter().any(|p| stderr.contains(p)), "{stderr}");
     }
     (String::from_utf8(out.stdout).unwrap(), stderr.into_owned())
 }
@@ -152,4 +156,27 @@ fn a_gpuidx_side_file_gives_the_hot_set() {
     );
     assert_eq!(text, cpu);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A dense model under a partial budget: `run` says which layers went to the GPU and `plan`
+/// shows the same segment with its bytes (weights, KV cache, working vectors).
+#[test]
+fn dense_budgets_place_the_last_layers() {
+    let gemma = model(DefaultModel::Gemma3_270m);
+    let (_, stderr) = greedy_with_stderr(
+        &gemma,
+        &["--device", "gpu", "--vram-budget", "50MiB", "-c", "4096"],
+    );
+    assert!(
+        stderr.contains("layers 12..18 of 18 on the GPU"),
+        "{stderr}"
+    );
+    let out = hotcold(&["plan", "-m", &gemma, "--vram-budget", "50MiB", "-c", "4096"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("layers 12..18 (6 of 18) on the GPU"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("dense GPU bytes:"), "{stdout}");
 }
