@@ -21,22 +21,20 @@ use super::sparse::gather_rows_serial;
 use super::{
     kernel_for, kind_for, offset_shift, round_with, rounding_block, Level, Matrix, OutPtr,
 };
-use crate::predictor::RankMajorFc2;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
 /// Neurons per span: a multiple of every activation rounding block (Q8_K's 256), so that rounding a
-/// span on its own rounds it as the whole row would be rounded. The predictor's rank-major `fc2`
-/// ([`RankMajorFc2`](crate::predictor::RankMajorFc2)) is stored in spans of this size.
-pub const SPAN: usize = 256;
+/// span on its own rounds it as the whole row would be rounded.
+const SPAN: usize = 256;
 
 /// The weights of one layer's predicted sparse FFN (an FFN with gate, without biases).
 #[derive(Clone, Copy, Debug)]
 pub struct PredictedFfn<'a> {
     /// The predictor's first layer: `R` rows of `n_embd`.
     pub fc1: Matrix<'a>,
-    /// The predictor's second layer, rank-major (`R` rows of `n_ff`, in spans).
-    pub fc2: &'a RankMajorFc2,
+    /// The predictor's second layer: `n_ff` rows of `R`.
+    pub fc2: Matrix<'a>,
     /// `ffn_gate`: `n_ff` rows of `n_embd`.
     pub gate: Matrix<'a>,
     /// `ffn_up`: `n_ff` rows of `n_embd`.
@@ -52,6 +50,7 @@ pub struct PredictedFfn<'a> {
 #[derive(Default)]
 struct Scratch {
     hidden: Vec<f32>,
+    hidden_acts: Acts,
     logits: Vec<f32>,
     chosen: Vec<u32>,
     gate: Vec<f32>,
@@ -71,7 +70,7 @@ thread_local! {
 /// down projection's input; `0` for the others. `x` is the predictor's input and `h` the FFN's
 /// (both `n_embd` values). Returns the number of chosen neurons.
 ///
-/// Bit-identical to [`matmul`](super::matmul) of fc1, relu, [`RankMajorFc2::logits`], the selection,
+/// Bit-identical to [`matmul`](super::matmul) of fc1, relu, `matmul` of fc2, the selection,
 /// [`gather_matmul`](super::gather_matmul) of gate and up over the chosen rows, `combine` and
 /// [`round_like_matmul_input`](super::round_like_matmul_input), at every thread count. Runs as one
 /// parallel region on the current rayon pool.
@@ -118,7 +117,7 @@ pub fn predicted_activations(
 
 /// Checks the shapes and types; returns the down projection's activation kind and rounding block.
 fn check(f: &PredictedFfn, x: &[f32], h: &[f32], a: &[f32]) -> Result<(ActKind, Option<usize>)> {
-    for m in [&f.fc1, &f.gate, &f.up] {
+    for m in [&f.fc1, &f.fc2, &f.gate, &f.up] {
         m.validate()?;
         kind_for(m.ty).ok_or(Error::UnsupportedType {
             ty: m.ty.name(),
@@ -130,8 +129,8 @@ fn check(f: &PredictedFfn, x: &[f32], h: &[f32], a: &[f32]) -> Result<(ActKind, 
         op: "predicted_activations",
     })?;
     let n_ff = a.len();
-    let shapes_agree = f.fc2.rank == f.fc1.rows
-        && f.fc2.n_ff == n_ff
+    let shapes_agree = f.fc2.cols == f.fc1.rows
+        && f.fc2.rows == n_ff
         && f.gate.rows == n_ff
         && f.up.rows == n_ff
         && f.up.cols == f.gate.cols
@@ -142,8 +141,8 @@ fn check(f: &PredictedFfn, x: &[f32], h: &[f32], a: &[f32]) -> Result<(ActKind, 
             "predicted FFN shapes disagree: fc1 {}×{}, fc2 {}×{}, gate {}×{}, up {}×{}, x {}, h {}, a {}",
             f.fc1.rows,
             f.fc1.cols,
-            f.fc2.n_ff,
-            f.fc2.rank,
+            f.fc2.rows,
+            f.fc2.cols,
             f.gate.rows,
             f.gate.cols,
             f.up.rows,
@@ -165,7 +164,7 @@ fn check(f: &PredictedFfn, x: &[f32], h: &[f32], a: &[f32]) -> Result<(ActKind, 
     Ok((down, block))
 }
 
-/// `relu(fc1 · x)` into `s.hidden`.
+/// `relu(fc1 · x)` into `s.hidden`, quantised for fc2 into `s.hidden_acts`.
 fn hidden(f: &PredictedFfn, level: Level, x: &Acts, s: &mut Scratch) {
     let r = f.fc1.rows;
     s.hidden.clear();
@@ -181,6 +180,9 @@ fn hidden(f: &PredictedFfn, level: Level, x: &Acts, s: &mut Scratch) {
         &mut s.hidden,
     );
     s.hidden.iter_mut().for_each(|v| *v = v.max(0.0));
+    let kind = kind_for(f.fc2.ty).expect("checked");
+    s.hidden_acts
+        .quantize(level, kind, offset_shift(f.fc2.ty), &s.hidden, 1, r);
 }
 
 /// The activations of task `k` of `tasks`: the spans `k, k + tasks, …` of `a` (at `out`, `n_ff`
@@ -202,19 +204,15 @@ fn task_activations(
     let n_ff = f.gate.rows;
     let spans = (k..n_ff.div_ceil(SPAN)).step_by(tasks);
     let span_range = |span: usize| span * SPAN..((span + 1) * SPAN).min(n_ff);
-    // the predictor's logits of the task's neurons (a sparse axpy over the non-zero hidden
-    // units, span by span), and the chosen ones (ascending)
+    // the predictor's logits of the task's neurons, and the chosen ones (ascending)
     s.chosen.clear();
-    s.logits.clear();
     for span in spans.clone() {
-        let r = span_range(span);
-        s.chosen.extend(r.clone().map(|i| i as u32));
-        let from = s.logits.len();
-        s.logits.resize(from + r.len(), 0.0);
-        f.fc2
-            .span_logits(span, &s.hidden, &mut s.logits[from..])
-            .expect("shapes checked");
+        s.chosen.extend(span_range(span).map(|i| i as u32));
     }
+    s.logits.clear();
+    s.logits.resize(s.chosen.len(), 0.0);
+    let fc2 = kernel_for(level, f.fc2.ty);
+    gather_rows_serial(fc2, &f.fc2, &s.chosen, &s.hidden_acts, 1, &mut s.logits);
     let mut m = 0;
     for p in 0..s.chosen.len() {
         if s.logits[p] >= f.threshold {
@@ -280,7 +278,11 @@ mod tests {
 
     /// The separate steps the fused operator replaces: its definition.
     fn reference(f: &PredictedFfn, x: &[f32], h: &[f32]) -> (Vec<f32>, usize) {
-        let logits = predictor_logits(f, x);
+        let mut hidden = vec![0f32; f.fc1.rows];
+        matmul(&f.fc1, x, 1, &mut hidden).unwrap();
+        hidden.iter_mut().for_each(|v| *v = v.max(0.0));
+        let mut logits = vec![0f32; f.fc2.rows];
+        matmul(&f.fc2, &hidden, 1, &mut logits).unwrap();
         let chosen: Vec<u32> = (0..logits.len() as u32)
             .filter(|&i| logits[i as usize] >= f.threshold)
             .collect();
@@ -296,19 +298,13 @@ mod tests {
         (a, chosen.len())
     }
 
-    /// `fc2 · relu(fc1 · x)` by the separate operators.
-    fn predictor_logits(f: &PredictedFfn, x: &[f32]) -> Vec<f32> {
+    /// A threshold that chooses about a third of the neurons.
+    fn threshold_for(f: &PredictedFfn, x: &[f32]) -> f32 {
         let mut hidden = vec![0f32; f.fc1.rows];
         matmul(&f.fc1, x, 1, &mut hidden).unwrap();
         hidden.iter_mut().for_each(|v| *v = v.max(0.0));
-        let mut logits = vec![0f32; f.fc2.n_ff];
-        f.fc2.logits(&hidden, 1, &mut logits).unwrap();
-        logits
-    }
-
-    /// A threshold that chooses about a third of the neurons.
-    fn threshold_for(f: &PredictedFfn, x: &[f32]) -> f32 {
-        let mut logits = predictor_logits(f, x);
+        let mut logits = vec![0f32; f.fc2.rows];
+        matmul(&f.fc2, &hidden, 1, &mut logits).unwrap();
         logits.sort_by(f32::total_cmp);
         logits[logits.len() * 2 / 3]
     }
@@ -336,11 +332,9 @@ mod tests {
             let up = weights(wty, N_FF, EMBD, &mut rng);
             let x: Vec<f32> = (0..EMBD).map(|_| rng.f()).collect();
             let h: Vec<f32> = (0..EMBD).map(|_| rng.f()).collect();
-            let fc2 = Matrix::new(pty, N_FF, RANK, &fc2).unwrap();
-            let fc2 = RankMajorFc2::new(&fc2, RankMajorFc2::type_for(pty, N_FF)).unwrap();
             let mut f = PredictedFfn {
                 fc1: Matrix::new(pty, RANK, EMBD, &fc1).unwrap(),
-                fc2: &fc2,
+                fc2: Matrix::new(pty, N_FF, RANK, &fc2).unwrap(),
                 gate: Matrix::new(wty, N_FF, EMBD, &gate).unwrap(),
                 up: Matrix::new(wty, N_FF, EMBD, &up).unwrap(),
                 threshold: 0.0,
@@ -368,16 +362,9 @@ mod tests {
         let fc1 = weights(t, RANK, EMBD, &mut rng);
         let fc2 = weights(t, N_FF, RANK, &mut rng);
         let gate = weights(t, N_FF, EMBD, &mut rng);
-        let fc2_rm =
-            RankMajorFc2::new(&Matrix::new(t, N_FF, RANK, &fc2).unwrap(), GgmlType::F16).unwrap();
-        let short_fc2 = RankMajorFc2::new(
-            &Matrix::new(t, N_FF - 16, RANK, &fc2[..(N_FF - 16) * RANK * 2]).unwrap(),
-            GgmlType::F16,
-        )
-        .unwrap();
         let f = PredictedFfn {
             fc1: Matrix::new(t, RANK, EMBD, &fc1).unwrap(),
-            fc2: &fc2_rm,
+            fc2: Matrix::new(t, N_FF, RANK, &fc2).unwrap(),
             gate: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),
             up: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),
             threshold: 0.0,
@@ -395,7 +382,7 @@ mod tests {
         assert!(err(&f, &v[..EMBD - 32], &mut a));
         assert!(err(&f, &v, &mut a[..N_FF - 32]));
         let short = PredictedFfn {
-            fc2: &short_fc2,
+            fc2: Matrix::new(t, N_FF - 16, RANK, &fc2[..(N_FF - 16) * RANK * 2]).unwrap(),
             gate: Matrix::new(t, N_FF - 16, EMBD, &gate[..(N_FF - 16) * EMBD * 2]).unwrap(),
             up: Matrix::new(t, N_FF - 16, EMBD, &gate[..(N_FF - 16) * EMBD * 2]).unwrap(),
             ..f

@@ -291,7 +291,7 @@ fn fused_sparse(
     }
     let weights = cpu::sparse_ffn::PredictedFfn {
         fc1: model.matrix(&predictor.fc1),
-        fc2: &predictor.fc2_rank_major,
+        fc2: model.matrix(&predictor.fc2),
         gate: model.matrix(gate),
         up: model.matrix(&layer.up),
         threshold: model.hp.sparse_thresholds[il],
@@ -344,9 +344,7 @@ pub(super) const CATS_NEEDS_THRESHOLDS: &str =
 fn predict(model: &Model, p: &Predictor, x: &[f32], n: usize) -> Result<Vec<f32>> {
     let mut hidden = matmul(model, &p.fc1, x, n)?;
     hidden.iter_mut().for_each(|v| *v = v.max(0.0));
-    let mut logits = vec![0f32; n * model.hp.n_ff];
-    p.fc2_rank_major.logits(&hidden, n, &mut logits)?;
-    Ok(logits)
+    matmul(model, &p.fc2, &hidden, n)
 }
 
 /// Indices of the entries of `row` that pass `keep`.

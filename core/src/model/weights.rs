@@ -5,7 +5,6 @@ use std::sync::Arc;
 use super::hparams::{Arch, FfnActivation, HyperParams, NormKind};
 use crate::cpu::Matrix;
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::predictor::RankMajorFc2;
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
 
@@ -126,9 +125,6 @@ pub struct Predictor {
     pub fc1: Weight,
     /// `n_ff` rows of `R` (ggml shape {R, n_ff}).
     pub fc2: Weight,
-    /// `fc2` with one row per hidden unit, for the CPU's sparse logits (built at load time from
-    /// the file's `fc2`, and again by [`Model::quantize_predictors`]).
-    pub fc2_rank_major: RankMajorFc2,
 }
 
 /// A loaded model: the mapped file, its hyper-parameters and its weights by role.
@@ -257,17 +253,6 @@ impl Model {
             let Some(p) = &mut layer.predictor else {
                 continue;
             };
-            let fc2 = Matrix {
-                ty: p.fc2.ty,
-                rows: p.fc2.rows,
-                cols: p.fc2.cols,
-                data: match &p.fc2.data {
-                    WeightData::File(info) => self.file.tensor_data(info),
-                    WeightData::Owned(bytes) => bytes,
-                },
-            };
-            // from the values before this re-encoding: rounded once
-            p.fc2_rank_major = RankMajorFc2::new(&fc2, RankMajorFc2::type_for(ty, fc2.rows))?;
             for w in [&mut p.fc1, &mut p.fc2] {
                 if w.ty == ty {
                     continue;
@@ -421,22 +406,9 @@ impl Loader<'_> {
             (None, None) => Ok(None),
             (Some(info), Some(_)) => {
                 let rank = info.n_rows() as usize;
-                let fc2 = self.matrix(&fc2, Some(self.hp.n_ff), rank)?;
-                let WeightData::File(fc2_info) = &fc2.data else {
-                    unreachable!("a weight just read from the file")
-                };
-                let view = Matrix::new(fc2.ty, fc2.rows, rank, self.file.tensor_data(fc2_info))?;
-                let fc2_rank_major =
-                    RankMajorFc2::new(&view, RankMajorFc2::type_for(fc2.ty, fc2.rows)).map_err(
-                        |e| Error::Tensor {
-                            tensor: fc2.name.clone(),
-                            message: format!("cannot repack rank-major: {e}"),
-                        },
-                    )?;
                 Ok(Some(Predictor {
                     fc1: self.matrix(&fc1, Some(rank), self.hp.n_embd)?,
-                    fc2,
-                    fc2_rank_major,
+                    fc2: self.matrix(&fc2, Some(self.hp.n_ff), rank)?,
                 }))
             }
             _ => Err(Error::Tensor {

@@ -9,12 +9,9 @@
 //! - [`train`] / [`TrainConfig`]: Adam on weighted binary cross-entropy, then a threshold for a
 //!   target recall.
 //! - [`evaluate`] / [`PredictorMetrics`]: micro-averaged recall, precision and density.
-//! - [`RankMajorFc2`]: the engine's copy of `fc2` with one row per hidden unit, so that the logits
-//!   are a sparse axpy over the hidden units `relu` left non-zero.
 
 mod linalg;
 mod metrics;
-mod rank_major;
 mod rng;
 mod samples;
 mod train;
@@ -23,7 +20,6 @@ mod train;
 mod tests;
 
 pub use metrics::{evaluate, PredictorMetrics};
-pub use rank_major::RankMajorFc2;
 pub use samples::Samples;
 pub use train::{train, TrainConfig};
 
