@@ -74,6 +74,14 @@
 //! `llama` weights as a plain llama.cpp file of a dense SwiGLU model: `GGUF` magic,
 //! `hotcold.ffn_activation = silu` (`down(silu(gate·h) ⊙ up·h)`, no ReLU, so no neuron is
 //! naturally zero), a row-major `ffn_down` (`ffn_down_t` transposed) and no predictor.
+//!
+//! # Dense twin (`SynthLayout::LlamaCpp`)
+//! The same ReLU model (same seed, so the same float weights before quantisation, the same
+//! tokenizer and `hotcold.ffn_activation`) as an ordinary llama.cpp file: `GGUF` magic, a
+//! row-major `ffn_down` (OPT: `ffn_down.bias`), no predictor and no `powerinfer.sparse_threshold`.
+//! What a user's dense engine reads: the fair baseline of a sparse-vs-dense benchmark (on the
+//! PowerInfer file, hotcold's `--ffn dense` still skips the down rows of zero activations).
+//! `dense_silu` files always have this layout.
 
 mod layer;
 pub mod rng;
@@ -151,6 +159,28 @@ impl SynthArch {
     }
 }
 
+/// How the model is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthLayout {
+    /// PowerInfer's sparse file: `PWRI` magic, neuron-major `ffn_down_t`, predictors `fc1`/`fc2`.
+    PowerInfer,
+    /// An ordinary llama.cpp file: `GGUF` magic, row-major `ffn_down`, no predictor.
+    LlamaCpp,
+}
+
+impl SynthLayout {
+    /// Parses `powerinfer` or `llama.cpp` (also `dense`).
+    pub fn parse(name: &str) -> Result<SynthLayout> {
+        match name {
+            "powerinfer" => Ok(SynthLayout::PowerInfer),
+            "llama.cpp" | "dense" => Ok(SynthLayout::LlamaCpp),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown synth layout {name:?} (expected powerinfer or llama.cpp)"
+            ))),
+        }
+    }
+}
+
 /// The names [`SynthConfig::preset`] accepts.
 pub const PRESETS: [&str; 4] = ["tiny", "small", "relullama-7b", "llama2-7b-layers"];
 
@@ -186,8 +216,10 @@ pub struct SynthConfig {
     /// Exponent of the Zipf law of per-neuron frequencies.
     pub zipf_exponent: f32,
     /// A dense SwiGLU `llama` in llama.cpp's layout instead of a ReLU PowerInfer file (see the
-    /// module docs).
+    /// module docs); always in [`SynthLayout::LlamaCpp`].
     pub dense_silu: bool,
+    /// The file layout (see the module docs).
+    pub layout: SynthLayout,
 }
 
 impl SynthConfig {
@@ -231,6 +263,7 @@ impl SynthConfig {
             rank,
             zipf_exponent: 1.2,
             dense_silu: false,
+            layout: SynthLayout::PowerInfer,
         })
     }
 
@@ -271,6 +304,11 @@ impl SynthConfig {
             return bad(format!("vocab {} (expected at least 600)", self.n_vocab));
         }
         Ok(())
+    }
+
+    /// Whether the file is in llama.cpp's layout (no predictor, row-major `ffn_down`).
+    pub fn llama_cpp_layout(&self) -> bool {
+        self.dense_silu || self.layout == SynthLayout::LlamaCpp
     }
 
     /// The predictor threshold written as `powerinfer.sparse_threshold`: a negative margin in
@@ -364,7 +402,7 @@ pub const OPT_POSITIONS: usize = 2050;
 /// A writer holding the file's metadata and no tensors.
 fn metadata(cfg: &SynthConfig) -> GgufWriter<'static> {
     let arch = cfg.arch.name();
-    let mut w = GgufWriter::new(match cfg.dense_silu {
+    let mut w = GgufWriter::new(match cfg.llama_cpp_layout() {
         true => Magic::Gguf,
         false => Magic::PowerInfer,
     });
@@ -402,7 +440,7 @@ fn metadata(cfg: &SynthConfig) -> GgufWriter<'static> {
     if cfg.arch != SynthArch::Opt {
         w.set(key("rope.freq_base"), MetaValue::F32(10000.0));
     }
-    if !cfg.dense_silu {
+    if !cfg.llama_cpp_layout() {
         w.set(
             "powerinfer.sparse_threshold",
             MetaValue::F32(cfg.threshold()),
@@ -747,6 +785,7 @@ fn add_layer<'w>(
         })?;
     }
     let mut ffn = 0;
+    let llama_cpp = cfg.llama_cpp_layout();
     if cfg.arch == SynthArch::Opt {
         add(sink, report, n("ffn_norm.bias"), f32t, 1, e, || {
             bias(&lw().ffn_norm_b)
@@ -754,7 +793,11 @@ fn add_layer<'w>(
         ffn += add(sink, report, n("ffn_up.bias"), f32t, 1, f, || {
             bias(&lw().up_b)
         })?;
-        ffn += add(sink, report, n("ffn_down_t.bias"), f32t, 1, e, || {
+        let down_bias = match llama_cpp {
+            true => "ffn_down.bias",
+            false => "ffn_down_t.bias",
+        };
+        ffn += add(sink, report, n(down_bias), f32t, 1, e, || {
             bias(&lw().down_b)
         })?;
     }
@@ -764,7 +807,7 @@ fn add_layer<'w>(
         })?;
     }
     ffn += add(sink, report, n("ffn_up.weight"), ty, f, e, || &lw().up)?;
-    if cfg.dense_silu {
+    if llama_cpp {
         ffn += add(sink, report, n("ffn_down.weight"), ty, e, f, || {
             transpose(&lw().down_t, f, e)
         })?;

@@ -307,6 +307,74 @@ fn dense_silu_file_is_a_plain_swiglu_llama() {
     assert!(e.to_string().contains("llama"), "{e}");
 }
 
+/// `SynthLayout::LlamaCpp`: the PowerInfer file's tensors and metadata byte for byte, except the
+/// magic, the threshold key, the predictor and the down projection, stored row-major (on every
+/// architecture; OPT's down bias renamed).
+#[test]
+fn llama_cpp_layout_is_the_same_model_without_predictors() {
+    for arch in [
+        SynthArch::Llama,
+        SynthArch::Bamboo,
+        SynthArch::Falcon,
+        SynthArch::Opt,
+    ] {
+        let sparse = tiny(GgmlType::F16, arch);
+        let mut cfg = SynthConfig::preset("tiny").unwrap();
+        cfg.arch = arch;
+        cfg.layout = SynthLayout::LlamaCpp;
+        let (w, report) = build(&cfg).unwrap();
+        let twin = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+        assert_eq!(twin.magic(), Magic::Gguf);
+        assert_eq!(report.predictor_bytes, 0);
+        let meta = |f: &GgufFile| -> Vec<String> {
+            f.metadata()
+                .iter()
+                .filter(|(k, _)| k != "powerinfer.sparse_threshold")
+                .map(|(k, v)| format!("{k}={v:?}"))
+                .collect()
+        };
+        assert_eq!(meta(&twin), meta(&sparse), "{arch:?}");
+        assert_eq!(twin.get_f32("powerinfer.sparse_threshold").unwrap(), None);
+        let mut moved = 0;
+        for t in sparse.tensors() {
+            let name = t.name.as_str();
+            if name.contains(".fc1.") || name.contains(".fc2.") {
+                assert!(twin.tensor(name).is_none(), "{arch:?} {name}");
+                continue;
+            }
+            if name.contains("ffn_down_t") {
+                let row_major = name.replace("ffn_down_t", "ffn_down");
+                assert!(twin.tensor(name).is_none(), "{arch:?} {name}");
+                let (down_t, e) = matrix(&sparse, name);
+                let (down, ff) = matrix(&twin, &row_major);
+                if name.ends_with(".bias") {
+                    assert_eq!(down, down_t, "{arch:?} {name}");
+                } else {
+                    assert_eq!((e, ff), (128, 512), "{arch:?} {name}");
+                    for (r, row) in down.chunks_exact(ff).enumerate() {
+                        for (c, &v) in row.iter().enumerate() {
+                            assert_eq!(v, down_t[c * e + r], "{arch:?} {row_major}[{r}, {c}]");
+                        }
+                    }
+                }
+                moved += 1;
+                continue;
+            }
+            let same = twin.tensor(name).expect(name);
+            assert_eq!(
+                sparse.tensor_data(t),
+                twin.tensor_data(same),
+                "{arch:?} {name}"
+            );
+        }
+        let biases = usize::from(arch == SynthArch::Opt);
+        assert_eq!(moved, 2 * (1 + biases), "{arch:?}");
+        assert_eq!(twin.tensors().len(), sparse.tensors().len() - 4, "{arch:?}");
+    }
+    assert!(SynthLayout::parse("llama.cpp").is_ok() && SynthLayout::parse("dense").is_ok());
+    assert!(SynthLayout::parse("ggml").is_err());
+}
+
 #[test]
 fn presets_and_bad_configs() {
     for p in PRESETS {

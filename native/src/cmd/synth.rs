@@ -1,13 +1,13 @@
-//! `hotcold synth`: write a synthetic ReLU model in PowerInfer's format, or a dense SwiGLU llama
-//! (`--activation silu`) in llama.cpp's (see
-//! [`hotcold_core::synth`]).
+//! `hotcold synth`: write a synthetic ReLU model in PowerInfer's format, its dense twin in
+//! llama.cpp's (`--layout llama.cpp`), or a dense SwiGLU llama (`--activation silu`, llama.cpp's
+//! layout) (see [`hotcold_core::synth`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 use hotcold_core::quant::GgmlType;
-use hotcold_core::synth::{self, SynthArch, SynthConfig};
+use hotcold_core::synth::{self, SynthArch, SynthConfig, SynthLayout};
 
 /// Arguments of `hotcold synth`.
 #[derive(clap::Args)]
@@ -29,6 +29,11 @@ pub struct Args {
     /// silu (a dense SwiGLU llama.cpp file: no predictor, row-major ffn_down, for CATS / TEAL).
     #[arg(long, default_value = "relu")]
     activation: String,
+    /// File layout: powerinfer (PWRI magic, neuron-major ffn_down_t, predictors) or llama.cpp
+    /// (alias dense: the same weights as an ordinary GGUF with row-major ffn_down and no
+    /// predictor, the fair dense baseline). --activation silu implies llama.cpp.
+    #[arg(long, default_value = "powerinfer")]
+    layout: String,
     /// Seed of every random choice (the same seed gives the same file).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -52,6 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "silu" => true,
         other => anyhow::bail!("unknown --activation {other:?} (expected relu or silu)"),
     };
+    cfg.layout = SynthLayout::parse(&args.layout.to_ascii_lowercase())?;
     cfg.sparsity = args.sparsity;
     cfg.seed = args.seed;
     let start = Instant::now();
@@ -94,12 +100,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("  dense SwiGLU FFN (silu, no predictor)");
         return Ok(());
     }
-    println!(
+    print!(
         "  target density {mean_density:.3} per layer (sparsity {}), top 10% of neurons make \
-         {:.0}% of firings, predictor threshold {}",
+         {:.0}% of firings",
         cfg.sparsity,
         100.0 * mean_top,
-        report.threshold
     );
+    match cfg.llama_cpp_layout() {
+        true => println!(", llama.cpp layout (row-major ffn_down, no predictor)"),
+        false => println!(", predictor threshold {}", report.threshold),
+    }
     Ok(())
 }
