@@ -661,9 +661,10 @@ pub(super) type AxpyKernel = unsafe fn(
     stride: usize,
 );
 
-/// A single-token axpy kernel over several neurons at once: for each 32-element group, loads the
-/// output once, does `out = fma(coefs[j], w_j, out)` for `j` in order, and stores it (the same
-/// operations in the same order as one [`AxpyKernel`] call per neuron, so the same bits).
+/// A single-token axpy kernel over several neurons at once: for each tile of columns (a few
+/// 32-element groups), loads the output once into registers, does `out = fma(coefs[j], w_j, out)`
+/// for `j` in order, and stores it (the same operations in the same order as one [`AxpyKernel`]
+/// call per neuron, so the same bits).
 ///
 /// # Safety
 /// As [`AxpyKernel`], for every `segs[j]` and `out .. out + n`.
@@ -970,15 +971,21 @@ mod x86 {
         unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>);
     }
 
+    /// The AVX2 decoding of a [`Quant32`] block: its quants × scale (+ min) as 4 × 8 f32.
+    #[inline(always)]
+    unsafe fn quant_dec8<Q: Quant32>(p: *const u8) -> [__m256; 4] {
+        let (lo, hi, d, m) = Q::quants(p);
+        let (d, m) = (_mm256_set1_ps(d), m.map(|m| _mm256_set1_ps(m)));
+        let [a, b] = scale8(lo, d, m);
+        let [c, e] = scale8(hi, d, m);
+        [a, b, c, e]
+    }
+
     impl<Q: Quant32> Fmt for Q {
         const BB: usize = <Q as Quant32>::BB;
         #[inline(always)]
         unsafe fn dec8(p: *const u8) -> [__m256; 4] {
-            let (lo, hi, d, m) = Q::quants(p);
-            let (d, m) = (_mm256_set1_ps(d), m.map(|m| _mm256_set1_ps(m)));
-            let [a, b] = scale8(lo, d, m);
-            let [c, e] = scale8(hi, d, m);
-            [a, b, c, e]
+            quant_dec8::<Q>(p)
         }
         #[inline(always)]
         unsafe fn dec16(p: *const u8) -> [__m512; 2] {
@@ -988,14 +995,41 @@ mod x86 {
         }
     }
 
-    struct Q4_0;
-    impl Quant32 for Q4_0 {
+    /// Q4_0's quants as a [`Quant32`] (for its AVX2 decoding).
+    struct Q4_0Quants;
+    impl Quant32 for Q4_0Quants {
         const BB: usize = 18;
         #[inline(always)]
         unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
             let (lo, hi) = nibbles(p.add(2));
             let o = _mm_set1_epi8(8);
             (_mm_sub_epi8(lo, o), _mm_sub_epi8(hi, o), f16_at(p), None)
+        }
+    }
+
+    struct Q4_0;
+    impl Fmt for Q4_0 {
+        const BB: usize = 18;
+        #[inline(always)]
+        unsafe fn dec8(p: *const u8) -> [__m256; 4] {
+            quant_dec8::<Q4_0Quants>(p)
+        }
+        /// A 16-entry table of the block's values `(q - 8) · d` (exact: 4 × 11 significant bits),
+        /// looked up by each element's nibble (`vpermps` reads the low 4 bits of each lane), so the
+        /// 32 values cost one multiply, one widening and two permutes instead of widening,
+        /// converting and scaling each half.
+        #[inline(always)]
+        unsafe fn dec16(p: *const u8) -> [__m512; 2] {
+            let q = _mm512_setr_ps(
+                -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                7.0,
+            );
+            let table = _mm512_mul_ps(q, _mm512_set1_ps(f16_at(p)));
+            let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i));
+            [
+                _mm512_permutexvar_ps(idx, table),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), table),
+            ]
         }
     }
 
@@ -1166,6 +1200,13 @@ mod x86 {
         }
     }
 
+    /// 32-element blocks per output tile of the single-token kernels: the tile's accumulators
+    /// stay in registers while every neuron of the group is added into them, giving independent
+    /// fused multiply-add chains to overlap. AVX2: 2 blocks (8 of its 16 registers).
+    const TILE8: usize = 2;
+    /// AVX-512: 4 blocks (8 of its 32 registers).
+    const TILE16: usize = 4;
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn axpy1_avx2<F: Fmt>(
         ty: GgmlType,
@@ -1175,21 +1216,48 @@ mod x86 {
         out: *mut f32,
     ) {
         let nblk = n / QK;
-        for b in 0..nblk {
-            let o = out.add(b * QK);
-            let mut acc = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(o.add(i)));
-            for (&s, &c) in segs.iter().zip(coefs) {
-                let w = F::dec8(s.add(b * F::BB));
-                let c = _mm256_set1_ps(c);
+        let mut b = 0;
+        while b + TILE8 <= nblk {
+            tile8::<F, TILE8>(segs, coefs, out, b);
+            b += TILE8;
+        }
+        while b < nblk {
+            tile8::<F, 1>(segs, coefs, out, b);
+            b += 1;
+        }
+        tail1::<F>(ty, segs, coefs, n, out);
+    }
+
+    /// AVX2: blocks `b..b + T` of the output, every neuron of the group in order.
+    #[inline(always)]
+    unsafe fn tile8<F: Fmt, const T: usize>(
+        segs: &[*const u8],
+        coefs: &[f32],
+        out: *mut f32,
+        b: usize,
+    ) {
+        let o = out.add(b * QK);
+        let mut acc = [[_mm256_setzero_ps(); 4]; T];
+        for (t, acc) in acc.iter_mut().enumerate() {
+            for (v, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(o.add(t * QK + 8 * v));
+            }
+        }
+        for (&s, &c) in segs.iter().zip(coefs) {
+            let c = _mm256_set1_ps(c);
+            let s = s.add(b * F::BB);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let w = F::dec8(s.add(t * F::BB));
                 for v in 0..4 {
                     acc[v] = _mm256_fmadd_ps(c, w[v], acc[v]);
                 }
             }
+        }
+        for (t, acc) in acc.iter().enumerate() {
             for (v, &a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(o.add(8 * v), a);
+                _mm256_storeu_ps(o.add(t * QK + 8 * v), a);
             }
         }
-        tail1::<F>(ty, segs, coefs, n, out);
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -1201,19 +1269,47 @@ mod x86 {
         out: *mut f32,
     ) {
         let nblk = n / QK;
-        for b in 0..nblk {
-            let o = out.add(b * QK);
-            let (mut a0, mut a1) = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
-            for (&s, &c) in segs.iter().zip(coefs) {
-                let [w0, w1] = F::dec16(s.add(b * F::BB));
-                let c = _mm512_set1_ps(c);
-                a0 = _mm512_fmadd_ps(c, w0, a0);
-                a1 = _mm512_fmadd_ps(c, w1, a1);
-            }
-            _mm512_storeu_ps(o, a0);
-            _mm512_storeu_ps(o.add(16), a1);
+        let mut b = 0;
+        while b + TILE16 <= nblk {
+            tile16::<F, TILE16>(segs, coefs, out, b);
+            b += TILE16;
+        }
+        while b < nblk {
+            tile16::<F, 1>(segs, coefs, out, b);
+            b += 1;
         }
         tail1::<F>(ty, segs, coefs, n, out);
+    }
+
+    /// AVX-512: blocks `b..b + T` of the output, every neuron of the group in order.
+    #[inline(always)]
+    unsafe fn tile16<F: Fmt, const T: usize>(
+        segs: &[*const u8],
+        coefs: &[f32],
+        out: *mut f32,
+        b: usize,
+    ) {
+        let o = out.add(b * QK);
+        let mut acc = [[_mm512_setzero_ps(); 2]; T];
+        for (t, acc) in acc.iter_mut().enumerate() {
+            *acc = [
+                _mm512_loadu_ps(o.add(t * QK)),
+                _mm512_loadu_ps(o.add(t * QK + 16)),
+            ];
+        }
+        for (&s, &c) in segs.iter().zip(coefs) {
+            let c = _mm512_set1_ps(c);
+            let s = s.add(b * F::BB);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let [w0, w1] = F::dec16(s.add(t * F::BB));
+                acc[0] = _mm512_fmadd_ps(c, w0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(c, w1, acc[1]);
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(t * QK), acc[0]);
+            _mm512_storeu_ps(o.add(t * QK + 16), acc[1]);
+        }
     }
 
     /// The float formats' last < 32 values of each segment, neuron by neuron.
