@@ -640,6 +640,7 @@ impl Active {
 
 /// One step of a grouped batched kernel: token `tok`'s output += `coef` × the group's neuron `j`.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct Step {
     tok: u32,
     j: u32,
