@@ -638,6 +638,46 @@ impl Active {
     }
 }
 
+/// One step of a grouped batched kernel: token `tok`'s output += `coef` × the group's neuron `j`.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) struct Step {
+    tok: u32,
+    j: u32,
+    coef: f32,
+}
+
+impl Active {
+    /// The (token, neuron) pairs of the neurons `j0..j0 + g` (`g <= GROUP`) ordered by token,
+    /// then neuron: each token's fused multiply-adds in the neuron order of [`AxpyKernel`] calls.
+    fn plan(&self, j0: usize, g: usize, plan: &mut Vec<Step>) {
+        plan.clear();
+        let mut cur = [0usize; GROUP];
+        let mut end = [0usize; GROUP];
+        for k in 0..g {
+            cur[k] = self.start[j0 + k] as usize;
+            end[k] = self.start[j0 + k + 1] as usize;
+        }
+        loop {
+            let next = (0..g)
+                .filter(|&k| cur[k] < end[k])
+                .map(|k| self.toks[cur[k]])
+                .min();
+            let Some(t) = next else { break };
+            for k in 0..g {
+                if cur[k] < end[k] && self.toks[cur[k]] == t {
+                    plan.push(Step {
+                        tok: t,
+                        j: k as u32,
+                        coef: self.coefs[cur[k]],
+                    });
+                    cur[k] += 1;
+                }
+            }
+        }
+    }
+}
+
 thread_local! {
     /// Reused active-neuron lists (taken out during a call, so nested calls just allocate).
     static ACTIVE: std::cell::Cell<Option<Box<Active>>> = const { std::cell::Cell::new(None) };
@@ -661,16 +701,44 @@ pub(super) type AxpyKernel = unsafe fn(
     stride: usize,
 );
 
-/// A single-token axpy kernel over several neurons at once: for each 32-element group, loads the
-/// output once, does `out = fma(coefs[j], w_j, out)` for `j` in order, and stores it (the same
-/// operations in the same order as one [`AxpyKernel`] call per neuron, so the same bits).
+/// A single-token axpy kernel over several neurons at once: for each tile of columns (a few
+/// 32-element groups), loads the output once into registers, does `out = fma(coefs[j], w_j, out)`
+/// for `j` in order, and stores it (the same operations in the same order as one [`AxpyKernel`]
+/// call per neuron, so the same bits).
 ///
 /// # Safety
 /// As [`AxpyKernel`], for every `segs[j]` and `out .. out + n`.
 type Axpy1Kernel =
     unsafe fn(ty: GgmlType, segs: &[*const u8], coefs: &[f32], n: usize, out: *mut f32);
 
-/// Neurons per [`Axpy1Kernel`] call.
+/// A batched axpy kernel over a group of neurons at once: for each tile of columns, decodes the
+/// group's segments once into a buffer, then for each token of `plan` loads its output tile, does
+/// its steps' `out = fma(coef, w_j, out)` in order and stores it (per output element, the same
+/// operations in the same order as one [`AxpyKernel`] call per neuron, so the same bits).
+///
+/// # Safety
+/// As [`AxpyKernel`], for every `segs[j]` and every step's token's `out + tok * stride .. + n`;
+/// every step's `j < segs.len()`.
+type AxpyNKernel = unsafe fn(
+    ty: GgmlType,
+    segs: &[*const u8],
+    plan: &[Step],
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+);
+
+/// The grouped batched kernel for `ty` on `level`, where there is one.
+fn axpy_kernel_n(level: Level, ty: GgmlType) -> Option<AxpyNKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx512 {
+        return x86::avx512_kernel_n(ty);
+    }
+    let _ = (level, ty);
+    None
+}
+
+/// Neurons per [`Axpy1Kernel`] or [`AxpyNKernel`] call.
 const GROUP: usize = 8;
 
 /// The single-token kernel for `ty` on `level`, where there is one.
@@ -788,26 +856,33 @@ pub(crate) fn sparse_axpy_at(
     let mut act = ACTIVE.with(|s| s.take()).unwrap_or_default();
     act.build(a, rows, n_tokens);
     if !act.neurons.is_empty() {
-        let k1 = if n_tokens == 1 {
-            axpy_kernel1(level, ty)
+        let (k1, kn) = if n_tokens == 1 {
+            (axpy_kernel1(level, ty), None)
         } else {
-            None
+            (None, axpy_kernel_n(level, ty))
         };
-        run_axpy(axpy_kernel(level, ty), k1, w_t, &act, n_tokens, out);
+        let kernels = Kernels {
+            one: axpy_kernel(level, ty),
+            single: k1,
+            group: kn,
+        };
+        run_axpy(kernels, w_t, &act, n_tokens, out);
     }
     ACTIVE.with(|s| s.set(Some(act)));
     Ok(())
 }
 
+/// The kernels of a call: per neuron, and (where there is one) over groups of neurons for one
+/// token or for a batch.
+#[derive(Clone, Copy)]
+struct Kernels {
+    one: AxpyKernel,
+    single: Option<Axpy1Kernel>,
+    group: Option<AxpyNKernel>,
+}
+
 /// Splits the columns into ranges (whole granules) and walks all active neurons in each.
-fn run_axpy(
-    kernel: AxpyKernel,
-    kernel1: Option<Axpy1Kernel>,
-    w: &Matrix,
-    act: &Active,
-    n_tokens: usize,
-    out: &mut [f32],
-) {
+fn run_axpy(kernels: Kernels, w: &Matrix, act: &Active, n_tokens: usize, out: &mut [f32]) {
     let (cols, ty) = (w.cols, w.ty);
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     let rb = w.row_bytes();
@@ -847,16 +922,35 @@ fn run_axpy(
                 pf += 1;
             }
         };
-        if let Some(k1) = kernel1 {
-            // one token: start[j] == j, so the coefficients are act.coefs[j]
+        let group_segs = |j: usize, g: usize| {
             let mut segs = [std::ptr::null::<u8>(); GROUP];
+            for (s, &i) in segs.iter_mut().zip(&act.neurons[j..j + g]) {
+                *s = w.data[i as usize * rb + seg_off..][..seg_bytes].as_ptr();
+            }
+            segs
+        };
+        if let Some(kn) = kernels.group {
+            let mut plan = Vec::new();
             let mut j = 0;
             while j < nn {
                 let g = (nn - j).min(GROUP);
                 prefetch_to(j + g + ahead);
-                for (s, &i) in segs.iter_mut().zip(&act.neurons[j..j + g]) {
-                    *s = w.data[i as usize * rb + seg_off..][..seg_bytes].as_ptr();
-                }
+                let segs = group_segs(j, g);
+                act.plan(j, g, &mut plan);
+                // SAFETY: as below, for each of the g segments; the plan's tokens are < n_tokens
+                // and its j < g.
+                unsafe { kn(ty, &segs[..g], &plan, c1 - c0, optr.0.add(c0), cols) };
+                j += g;
+            }
+            return;
+        }
+        if let Some(k1) = kernels.single {
+            // one token: start[j] == j, so the coefficients are act.coefs[j]
+            let mut j = 0;
+            while j < nn {
+                let g = (nn - j).min(GROUP);
+                prefetch_to(j + g + ahead);
+                let segs = group_segs(j, g);
                 // SAFETY: as below, for each of the g segments.
                 unsafe {
                     k1(
@@ -879,7 +973,7 @@ fn run_axpy(
             // are in bounds (toks < n_tokens) and belong to this task alone; the kernel was
             // selected for this CPU.
             unsafe {
-                kernel(
+                (kernels.one)(
                     ty,
                     seg.as_ptr(),
                     c1 - c0,
@@ -903,7 +997,7 @@ mod x86 {
 
     use crate::quant::{GgmlType, QK};
 
-    use super::{axpy_scalar, Axpy1Kernel, AxpyKernel};
+    use super::{axpy_scalar, Axpy1Kernel, AxpyKernel, AxpyNKernel, Step, GROUP};
 
     /// The f16 at `p` as f32 (F16C, exact, as [`crate::quant::fp16_to_fp32`]).
     #[inline(always)]
@@ -970,15 +1064,21 @@ mod x86 {
         unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>);
     }
 
+    /// The AVX2 decoding of a [`Quant32`] block: its quants × scale (+ min) as 4 × 8 f32.
+    #[inline(always)]
+    unsafe fn quant_dec8<Q: Quant32>(p: *const u8) -> [__m256; 4] {
+        let (lo, hi, d, m) = Q::quants(p);
+        let (d, m) = (_mm256_set1_ps(d), m.map(|m| _mm256_set1_ps(m)));
+        let [a, b] = scale8(lo, d, m);
+        let [c, e] = scale8(hi, d, m);
+        [a, b, c, e]
+    }
+
     impl<Q: Quant32> Fmt for Q {
         const BB: usize = <Q as Quant32>::BB;
         #[inline(always)]
         unsafe fn dec8(p: *const u8) -> [__m256; 4] {
-            let (lo, hi, d, m) = Q::quants(p);
-            let (d, m) = (_mm256_set1_ps(d), m.map(|m| _mm256_set1_ps(m)));
-            let [a, b] = scale8(lo, d, m);
-            let [c, e] = scale8(hi, d, m);
-            [a, b, c, e]
+            quant_dec8::<Q>(p)
         }
         #[inline(always)]
         unsafe fn dec16(p: *const u8) -> [__m512; 2] {
@@ -988,14 +1088,41 @@ mod x86 {
         }
     }
 
-    struct Q4_0;
-    impl Quant32 for Q4_0 {
+    /// Q4_0's quants as a [`Quant32`] (for its AVX2 decoding).
+    struct Q4_0Quants;
+    impl Quant32 for Q4_0Quants {
         const BB: usize = 18;
         #[inline(always)]
         unsafe fn quants(p: *const u8) -> (__m128i, __m128i, f32, Option<f32>) {
             let (lo, hi) = nibbles(p.add(2));
             let o = _mm_set1_epi8(8);
             (_mm_sub_epi8(lo, o), _mm_sub_epi8(hi, o), f16_at(p), None)
+        }
+    }
+
+    struct Q4_0;
+    impl Fmt for Q4_0 {
+        const BB: usize = 18;
+        #[inline(always)]
+        unsafe fn dec8(p: *const u8) -> [__m256; 4] {
+            quant_dec8::<Q4_0Quants>(p)
+        }
+        /// A 16-entry table of the block's values `(q - 8) · d` (exact: 4 × 11 significant bits),
+        /// looked up by each element's nibble (`vpermps` reads the low 4 bits of each lane), so the
+        /// 32 values cost one multiply, one widening and two permutes instead of widening,
+        /// converting and scaling each half.
+        #[inline(always)]
+        unsafe fn dec16(p: *const u8) -> [__m512; 2] {
+            let q = _mm512_setr_ps(
+                -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                7.0,
+            );
+            let table = _mm512_mul_ps(q, _mm512_set1_ps(f16_at(p)));
+            let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i));
+            [
+                _mm512_permutexvar_ps(idx, table),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), table),
+            ]
         }
     }
 
@@ -1166,6 +1293,13 @@ mod x86 {
         }
     }
 
+    /// 32-element blocks per output tile of the single-token kernels: the tile's accumulators
+    /// stay in registers while every neuron of the group is added into them, giving independent
+    /// fused multiply-add chains to overlap. AVX2: 2 blocks (8 of its 16 registers).
+    const TILE8: usize = 2;
+    /// AVX-512: 4 blocks (8 of its 32 registers).
+    const TILE16: usize = 4;
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn axpy1_avx2<F: Fmt>(
         ty: GgmlType,
@@ -1175,21 +1309,48 @@ mod x86 {
         out: *mut f32,
     ) {
         let nblk = n / QK;
-        for b in 0..nblk {
-            let o = out.add(b * QK);
-            let mut acc = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(o.add(i)));
-            for (&s, &c) in segs.iter().zip(coefs) {
-                let w = F::dec8(s.add(b * F::BB));
-                let c = _mm256_set1_ps(c);
+        let mut b = 0;
+        while b + TILE8 <= nblk {
+            tile8::<F, TILE8>(segs, coefs, out, b);
+            b += TILE8;
+        }
+        while b < nblk {
+            tile8::<F, 1>(segs, coefs, out, b);
+            b += 1;
+        }
+        tail1::<F>(ty, segs, coefs, n, out);
+    }
+
+    /// AVX2: blocks `b..b + T` of the output, every neuron of the group in order.
+    #[inline(always)]
+    unsafe fn tile8<F: Fmt, const T: usize>(
+        segs: &[*const u8],
+        coefs: &[f32],
+        out: *mut f32,
+        b: usize,
+    ) {
+        let o = out.add(b * QK);
+        let mut acc = [[_mm256_setzero_ps(); 4]; T];
+        for (t, acc) in acc.iter_mut().enumerate() {
+            for (v, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(o.add(t * QK + 8 * v));
+            }
+        }
+        for (&s, &c) in segs.iter().zip(coefs) {
+            let c = _mm256_set1_ps(c);
+            let s = s.add(b * F::BB);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let w = F::dec8(s.add(t * F::BB));
                 for v in 0..4 {
                     acc[v] = _mm256_fmadd_ps(c, w[v], acc[v]);
                 }
             }
+        }
+        for (t, acc) in acc.iter().enumerate() {
             for (v, &a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(o.add(8 * v), a);
+                _mm256_storeu_ps(o.add(t * QK + 8 * v), a);
             }
         }
-        tail1::<F>(ty, segs, coefs, n, out);
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -1201,19 +1362,148 @@ mod x86 {
         out: *mut f32,
     ) {
         let nblk = n / QK;
-        for b in 0..nblk {
-            let o = out.add(b * QK);
-            let (mut a0, mut a1) = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
-            for (&s, &c) in segs.iter().zip(coefs) {
-                let [w0, w1] = F::dec16(s.add(b * F::BB));
-                let c = _mm512_set1_ps(c);
-                a0 = _mm512_fmadd_ps(c, w0, a0);
-                a1 = _mm512_fmadd_ps(c, w1, a1);
-            }
-            _mm512_storeu_ps(o, a0);
-            _mm512_storeu_ps(o.add(16), a1);
+        let mut b = 0;
+        while b + TILE16 <= nblk {
+            tile16::<F, TILE16>(segs, coefs, out, b);
+            b += TILE16;
+        }
+        while b < nblk {
+            tile16::<F, 1>(segs, coefs, out, b);
+            b += 1;
         }
         tail1::<F>(ty, segs, coefs, n, out);
+    }
+
+    /// AVX-512: blocks `b..b + T` of the output, every neuron of the group in order.
+    #[inline(always)]
+    unsafe fn tile16<F: Fmt, const T: usize>(
+        segs: &[*const u8],
+        coefs: &[f32],
+        out: *mut f32,
+        b: usize,
+    ) {
+        let o = out.add(b * QK);
+        let mut acc = [[_mm512_setzero_ps(); 2]; T];
+        for (t, acc) in acc.iter_mut().enumerate() {
+            *acc = [
+                _mm512_loadu_ps(o.add(t * QK)),
+                _mm512_loadu_ps(o.add(t * QK + 16)),
+            ];
+        }
+        for (&s, &c) in segs.iter().zip(coefs) {
+            let c = _mm512_set1_ps(c);
+            let s = s.add(b * F::BB);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let [w0, w1] = F::dec16(s.add(t * F::BB));
+                acc[0] = _mm512_fmadd_ps(c, w0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(c, w1, acc[1]);
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(t * QK), acc[0]);
+            _mm512_storeu_ps(o.add(t * QK + 16), acc[1]);
+        }
+    }
+
+    /// Blocks per column tile of the grouped batched kernel.
+    const TILE_N: usize = 2;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn axpyn_avx512<F: Fmt>(
+        ty: GgmlType,
+        segs: &[*const u8],
+        plan: &[Step],
+        n: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let nblk = n / QK;
+        let mut b = 0;
+        while b + TILE_N <= nblk {
+            tilen16::<F, TILE_N>(segs, plan, out, stride, b);
+            b += TILE_N;
+        }
+        while b < nblk {
+            tilen16::<F, 1>(segs, plan, out, stride, b);
+            b += 1;
+        }
+        let done = nblk * QK;
+        if done < n {
+            // the float formats' last < 32 values: each step in plan order (per token, the
+            // neurons in order)
+            for st in plan {
+                axpy_scalar(
+                    ty,
+                    segs[st.j as usize].add(nblk * F::BB),
+                    n - done,
+                    &[st.coef],
+                    &[st.tok],
+                    out.add(done),
+                    stride,
+                );
+            }
+        }
+    }
+
+    /// AVX-512, batched: blocks `b..b + T` of the group's segments decoded once, then each token's
+    /// steps of `plan` on its output tile.
+    #[inline(always)]
+    unsafe fn tilen16<F: Fmt, const T: usize>(
+        segs: &[*const u8],
+        plan: &[Step],
+        out: *mut f32,
+        stride: usize,
+        b: usize,
+    ) {
+        let mut buf = [[[_mm512_setzero_ps(); 2]; T]; GROUP];
+        for (w, &s) in buf.iter_mut().zip(segs) {
+            let s = s.add(b * F::BB);
+            for (t, w) in w.iter_mut().enumerate() {
+                *w = F::dec16(s.add(t * F::BB));
+            }
+        }
+        let mut i = 0;
+        while i < plan.len() {
+            let tok = plan[i].tok;
+            let o = out.add(tok as usize * stride + b * QK);
+            let mut acc = [[_mm512_setzero_ps(); 2]; T];
+            for (t, acc) in acc.iter_mut().enumerate() {
+                *acc = [
+                    _mm512_loadu_ps(o.add(t * QK)),
+                    _mm512_loadu_ps(o.add(t * QK + 16)),
+                ];
+            }
+            while i < plan.len() && plan[i].tok == tok {
+                let st = plan[i];
+                let c = _mm512_set1_ps(st.coef);
+                let w = &buf[st.j as usize];
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    acc[0] = _mm512_fmadd_ps(c, w[t][0], acc[0]);
+                    acc[1] = _mm512_fmadd_ps(c, w[t][1], acc[1]);
+                }
+                i += 1;
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(o.add(t * QK), acc[0]);
+                _mm512_storeu_ps(o.add(t * QK + 16), acc[1]);
+            }
+        }
+    }
+
+    /// The grouped batched AVX-512 kernel for `ty`, if there is one.
+    pub(super) fn avx512_kernel_n(ty: GgmlType) -> Option<AxpyNKernel> {
+        use GgmlType as T;
+        Some(match ty {
+            T::F32 => axpyn_avx512::<F32>,
+            T::F16 => axpyn_avx512::<F16>,
+            T::BF16 => axpyn_avx512::<Bf16>,
+            T::Q4_0 => axpyn_avx512::<Q4_0>,
+            T::Q4_1 => axpyn_avx512::<Q4_1>,
+            T::Q5_0 => axpyn_avx512::<Q5_0>,
+            T::Q5_1 => axpyn_avx512::<Q5_1>,
+            T::Q8_0 => axpyn_avx512::<Q8_0>,
+            _ => return None,
+        })
     }
 
     /// The float formats' last < 32 values of each segment, neuron by neuron.
