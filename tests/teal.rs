@@ -341,8 +341,8 @@ fn measured_greedy_meets_the_target_and_beats_uniform_on_block_error() {
         1,
         2,
     );
-    let samples: Vec<&[u32]> = tokens[..96].chunks(48).collect();
-    let target = 0.4;
+    let samples: Vec<&[u32]> = tokens[..64].chunks(32).collect();
+    let target = 0.25;
     let measured = || {
         let mut evaluations = 0;
         let cal = measured_allocation(&model, &recorder, &samples, target, |_, a| {
