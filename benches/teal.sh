@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Training-free sparsity (issue 6), one command. For the default model (Gemma 3 270M) and Qwen2.5-
 # Coder 0.5B (llama-like SwiGLU): perplexity on a held-out public-domain text and decode speed,
-# dense vs CATS vs TEAL at 25/40/50% target, side by side, with the achieved sparsity per layer and
-# the time of the layers alone (decode minus the LM head). Then, on four synthetic dense SwiGLU
-# layers of Llama-2-7B's shape (`synth --activation silu`, F16 and Q4_0), per-layer decode time
-# dense vs TEAL 50% and the bytes of weights read per token.
+# dense vs CATS vs TEAL at 25/40/50% target (TEAL with each allocation of a block's target: "teal"
+# the greedy steps scored by the histogram estimate, "teal-measured" TEAL's greedy steps scored by
+# running the block, "teal-uniform"), side by side, with the achieved sparsity per layer and the
+# time of the layers alone (decode minus the LM head). Then, on four synthetic dense SwiGLU layers
+# of Llama-2-7B's shape (`synth --activation silu`, F16 and Q4_0), per-layer decode time dense vs
+# TEAL 50% and the bytes of weights read per token.
 #
 # Calibration: tests/data/text/declaration.txt (the Declaration of Independence and the Gettysburg
 # Address); perplexity: tests/data/text/origin.txt (the Introduction of Darwin's "On the Origin of
-# Species", 1859), a text the models have not memorised. Decode runs are interleaved (dense, cats,
-# teal per target) and repeated ROUNDS times; the table shows the mean. Note `uptime`: other jobs
-# on the machine skew the figures.
+# Species", 1859), a text the models have not memorised, with sparsity on every token as TEAL
+# measures it (`--sparse-prefill`: a perplexity chunk is one prompt batch, so the default dense
+# prefill would score the dense model). Decode runs are interleaved (dense, cats, teal per target)
+# and repeated ROUNDS times; the table shows the mean. Note `uptime`: other jobs on the machine
+# skew the figures.
 #
 # Environment: THREADS (default: all cores), ROUNDS (default 2), N_GEN (default 64), WORK (scratch
 # directory, default /tmp/hotcold-teal-bench), MODELS (default "gemma qwen"), SKIP_7B=1 to skip
@@ -42,14 +46,23 @@ bench_model() {
                 --sparsity-mode "$MODE" -o "$out" -t "$THREADS" >"$WORK/cal-$tag-$MODE-$S.log" 2>&1
         done
     done
-    out="$WORK/$tag-teal-uniform-0.40.gguf"
-    [ -f "$out" ] || $H calibrate -m "$model" -f "$CAL" --target-sparsity 0.40 \
-        --sparsity-mode teal --teal-allocation uniform -o "$out" -t "$THREADS" >/dev/null 2>&1
+    # TEAL's other allocations of a block's target: measured greedy (TEAL's own: each step scored
+    # by running the block) and uniform; "teal" is the greedy with the histogram estimate
+    for S in 0.25 0.40 0.50; do
+        for A in measured uniform; do
+            out="$WORK/$tag-teal-$A-$S.gguf"
+            [ -f "$out" ] || $H calibrate -m "$model" -f "$CAL" --target-sparsity "$S" \
+                --sparsity-mode teal --teal-allocation "$A" -o "$out" -t "$THREADS" \
+                >"$WORK/cal-$tag-teal-$A-$S.log" 2>&1
+        done
+    done
     local configs=("dense|$model|--ffn dense")
     for S in 0.25 0.40 0.50; do
         configs+=("cats-$S|$WORK/$tag-cats-$S.gguf|--ffn sparse --sparsity-mode cats")
         configs+=("teal-$S|$WORK/$tag-teal-$S.gguf|--ffn sparse --sparsity-mode teal")
-        [ "$S" = 0.40 ] && configs+=("teal-uniform-0.40|$WORK/$tag-teal-uniform-0.40.gguf|--ffn sparse --sparsity-mode teal")
+        for A in measured uniform; do
+            configs+=("teal-$A-$S|$WORK/$tag-teal-$A-$S.gguf|--ffn sparse --sparsity-mode teal")
+        done
     done
     declare -A PPL SPARS TG LAYERS
     for c in "${configs[@]}"; do
@@ -95,9 +108,11 @@ bench_model() {
             'BEGIN{printf "| %s | %s | %.4f | %+.1f%% | %.1f | %.2fx | %.3f | %.2fx |\n", n, s, p, 100*(p/dp-1), t, (dt>0?t/dt:0), l, (l>0?dl/l:0)}'
     done
     echo
-    echo "TEAL 40% (greedy) allocation (calibration) and achieved sparsity per layer on the held-out text:"
-    grep "^layer" "$WORK/cal-$tag-teal-0.40.log" | sed 's/^/  /'
-    grep "^teal layer" "$WORK/ppl-$tag-teal-0.40.log" | sed 's/^teal /  /'
+    for A in teal teal-measured; do
+        echo "TEAL 40% ($A) allocation (calibration) and achieved sparsity per layer on the held-out text:"
+        grep "^layer.*sparsity@" "$WORK/cal-$tag-$A-0.40.log" | sed 's/^/  /'
+        grep "^teal layer" "$WORK/ppl-$tag-$A-0.40.log" | sed 's/^teal /  /'
+    done
     if [ "${SKIP_DECODE:-0}" != 1 ]; then
         echo "TEAL 40% weights read per token: $(grep -o 'input-major weights read per token [0-9.]* MiB' "$WORK/bench-$tag-teal-0.40-1.log" | awk '{print $6, $7}') (dense layers: $(grep -o 'dense): [0-9.]* MiB' "$WORK/bench-$tag-dense-1.log" | awk '{print $2, $3}'))"
     fi

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use common::{greedy_with_logits, greedy_with_setup, model_path};
 use hotcold::cpu;
 use hotcold::engine::{
-    CpuFfn, DenseLinear, FfnMode, FfnOffload, FfnTensor, Linear, Proj, Teal, TealOptions,
-    TEAL_THRESHOLDS_KEY,
+    block_errors, measured_allocation, Allocation, CpuFfn, DenseLinear, FfnMode, FfnOffload,
+    FfnTensor, Linear, Proj, Teal, TealOptions, TealRecorder, TEAL_THRESHOLDS_KEY,
 };
 use hotcold::gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
 use hotcold::model::Model;
@@ -316,4 +316,73 @@ fn teal_at_a_nonzero_threshold_equals_the_masked_dense_product() {
         }
         teal.reset_stats();
     }
+}
+
+/// TEAL's measured greedy allocation on Gemma with a short sample of the Declaration: every
+/// block reaches the target (within one step), a second run gives the same thresholds, and on
+/// TEAL's own measure (each block's output error on the sample, dense inputs) it does better
+/// than giving every matrix the target.
+#[test]
+fn measured_greedy_meets_the_target_and_beats_uniform_on_block_error() {
+    let model = gemma_with(|_| {}).unwrap();
+    let file = GgufFile::open(model_path(DefaultModel::Gemma3_270m)).unwrap();
+    let tokenizer = hotcold::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let text = std::fs::read_to_string(common::data_path("text/declaration.txt")).unwrap();
+    let tokens = tokenizer.encode(&text, true, false).unwrap();
+    let recorder = Arc::new(TealRecorder::new(&model).unwrap());
+    greedy_with_setup(
+        &model,
+        |s| {
+            s.set_linear(recorder.clone());
+            s.set_ffn_offload(recorder.clone());
+            s.set_sparse_prefill(true);
+        },
+        &tokens[..200],
+        1,
+        2,
+    );
+    let samples: Vec<&[u32]> = tokens[..64].chunks(32).collect();
+    let target = 0.25;
+    let measured = || {
+        let mut evaluations = 0;
+        let cal = measured_allocation(&model, &recorder, &samples, target, |_, a| {
+            evaluations += a.evaluations
+        })
+        .unwrap();
+        (cal, evaluations)
+    };
+    let (cal, evaluations) = measured();
+    assert!(evaluations > 7 * model.hp.n_layer, "{evaluations}");
+    for (il, s) in cal.sparsity.iter().enumerate() {
+        let params = recorder.params(il);
+        let total: f64 = params.iter().sum();
+        let block = s.iter().zip(&params).map(|(a, p)| a * p).sum::<f64>() / total;
+        // one step adds 0.01 of the block (0.1 of a matrix at most: K, V)
+        let step = Proj::ALL
+            .iter()
+            .map(|p| (0.1 * params[p.index()] / total).min(0.01 + 1e-9))
+            .fold(0.0, f64::max);
+        assert!(
+            block >= target - 1e-9 && block <= target + step + 1e-9,
+            "layer {il}: block sparsity {block} ({s:?})"
+        );
+    }
+    assert_eq!(measured().0.thresholds, cal.thresholds, "not deterministic");
+    let uniform = recorder.thresholds(target, Allocation::Uniform).unwrap();
+    let estimate = recorder.thresholds(target, Allocation::Greedy).unwrap();
+    let sum = |t: &[[f32; 7]]| -> f64 { block_errors(&model, &samples, t).unwrap().iter().sum() };
+    let (m, u, e) = (
+        sum(&cal.thresholds),
+        sum(&uniform.thresholds),
+        sum(&estimate.thresholds),
+    );
+    eprintln!("summed relative block error: measured {m:.4}, uniform {u:.4}, estimate {e:.4}");
+    assert!(m < u, "measured {m} vs uniform {u}");
+    assert!(
+        block_errors(&model, &samples, &vec![[0.0; 7]; model.hp.n_layer])
+            .unwrap()
+            .iter()
+            .all(|&e| e == 0.0),
+        "zero thresholds must give the dense block"
+    );
 }

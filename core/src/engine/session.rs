@@ -338,6 +338,15 @@ impl<'m> Forward<'m> {
         self.ffn_mode = FfnMode::Dense;
     }
 
+    /// Runs every projection through `linear` and the FFN's products through `offload`, prompt
+    /// batches included (TEAL's measured calibration runs one block under trial thresholds).
+    pub(super) fn set_operators(&mut self, linear: Arc<dyn Linear>, offload: Arc<dyn FfnOffload>) {
+        self.linear = linear;
+        self.dense_offload = offload.clone();
+        self.offload = offload;
+        self.sparse_prefill = true;
+    }
+
     /// See [`Session::set_sparse_prefill`].
     pub(super) fn set_sparse_prefill(&mut self, on: bool) {
         self.sparse_prefill = on;
@@ -429,7 +438,7 @@ impl<'m> Forward<'m> {
     }
 
     /// The token embeddings of the batch's rows, with each sequence's learned positions (OPT).
-    fn embed(&self, tokens: &[u32], seqs: &[SeqRows]) -> Result<Vec<f32>> {
+    pub(super) fn embed(&self, tokens: &[u32], seqs: &[SeqRows]) -> Result<Vec<f32>> {
         let n_embd = self.model.hp.n_embd;
         let mut x = Vec::with_capacity(tokens.len() * n_embd);
         let mut rest = tokens;
@@ -442,7 +451,7 @@ impl<'m> Forward<'m> {
     }
 
     /// One transformer block on the residual stream `x` (the rows of `seqs`).
-    fn block(&mut self, il: usize, x: &mut [f32], seqs: &mut [SeqRows]) -> Result<()> {
+    pub(super) fn block(&mut self, il: usize, x: &mut [f32], seqs: &mut [SeqRows]) -> Result<()> {
         let layer = &self.model.layers[il];
         let n = x.len() / self.model.hp.n_embd;
         let h = self.norm_rows(x, &layer.attn_norm);

@@ -312,21 +312,44 @@ pub(crate) fn transposed(m: &Matrix) -> Result<(GgmlType, Vec<u8>)> {
 
 /// `m` transposed (`m.cols` rows of `m.rows`), re-encoded as `ty` (whose block size must divide
 /// `m.rows`).
+///
+/// Parallel over bands of [`TRANSPOSE_BAND`] input channels: each band reads its columns of the
+/// dequantised rows (contiguous runs of the band's width per row), transposes them in a local
+/// buffer and quantises its output rows straight into their place, so no full transposed f32 copy
+/// and no strided per-element pass over the whole matrix. Same bytes as transposing and
+/// quantising row by row.
 pub(crate) fn transposed_as(m: &Matrix, ty: GgmlType) -> Result<Vec<u8>> {
-    let mut dense = vec![0f32; m.rows * m.cols];
-    for (r, row) in dense.chunks_exact_mut(m.cols).enumerate() {
-        crate::cpu::dequantize_row(m, r, row)?;
+    use rayon::prelude::*;
+    let (rows, cols) = (m.rows, m.cols);
+    let mut dense = vec![0f32; rows * cols];
+    dense
+        .par_chunks_exact_mut(cols.max(1))
+        .enumerate()
+        .try_for_each(|(r, row)| crate::cpu::dequantize_row(m, r, row))?;
+    let out_row_bytes = ty.row_bytes(rows as u64)? as usize;
+    let mut bytes = vec![0u8; out_row_bytes * cols];
+    if bytes.is_empty() {
+        return Ok(bytes);
     }
-    let mut t = vec![0f32; m.rows * m.cols];
-    for r in 0..m.rows {
-        for c in 0..m.cols {
-            t[c * m.rows + r] = dense[r * m.cols + c];
-        }
-    }
-    let mut bytes = vec![0u8; ty.row_bytes(m.rows as u64)? as usize * m.cols];
-    quant::quantize(ty, &t, &mut bytes)?;
+    bytes
+        .par_chunks_mut(out_row_bytes * TRANSPOSE_BAND)
+        .enumerate()
+        .try_for_each(|(band, dst)| {
+            let c0 = band * TRANSPOSE_BAND;
+            let width = dst.len() / out_row_bytes;
+            let mut t = vec![0f32; width * rows];
+            for (r, src) in dense.chunks_exact(cols).enumerate() {
+                for (j, &v) in src[c0..c0 + width].iter().enumerate() {
+                    t[j * rows + r] = v;
+                }
+            }
+            quant::quantize(ty, &t, dst)
+        })?;
     Ok(bytes)
 }
+
+/// Input channels per parallel task of [`transposed_as`].
+const TRANSPOSE_BAND: usize = 64;
 
 struct Loader<'a> {
     file: &'a GgufFile,
@@ -545,5 +568,35 @@ impl Loader<'_> {
             predictor: self.predictor(il)?,
             post_ffn_norm: required_if(gemma, "post_ffw_norm.weight", hp.n_embd)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The banded parallel transpose stores exactly what quantising the plain transpose stores,
+    /// for widths that are not a multiple of the band and several types.
+    #[test]
+    fn transposed_as_equals_the_plain_transpose_quantised() {
+        for (rows, cols) in [(64usize, 1usize), (32, 131), (96, 200)] {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 3.0)
+                .collect();
+            let mut src = vec![0u8; rows * cols * 4];
+            quant::quantize(GgmlType::F32, &w, &mut src).unwrap();
+            let m = Matrix::new(GgmlType::F32, rows, cols, &src).unwrap();
+            let mut t = vec![0f32; rows * cols];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = w[r * cols + c];
+                }
+            }
+            for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0] {
+                let mut want = vec![0u8; ty.row_bytes(rows as u64).unwrap() as usize * cols];
+                quant::quantize(ty, &t, &mut want).unwrap();
+                assert_eq!(transposed_as(&m, ty).unwrap(), want, "{rows}x{cols} {ty:?}");
+            }
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! block, allocates it greedily: start every matrix at 0% sparsity, and repeatedly raise by a
 //! small step `δ` the sparsity of the one matrix whose step adds the least error, until the
 //! block's parameter-weighted sparsity `Σ p_m s_m / Σ p_m` reaches the target. TEAL measures the
-//! error on the block's output by running the block; here the error a step adds to matrix `m` is
+//! error on the block's output by running the block (that is [`super::measure`], `calibrate
+//! --teal-allocation measured`); here, the fast option, the error a step adds to matrix `m` is
 //! estimated from the calibration histograms as the squared output error of `W_m x` from the newly
 //! zeroed inputs, `Σ ‖W_m[:, i]‖² x_i²` (exact in expectation when the dropped channels'
 //! contributions are uncorrelated), divided by the same sum over all inputs so that matrices with

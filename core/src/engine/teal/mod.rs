@@ -23,6 +23,7 @@
 
 mod allocate;
 mod histogram;
+mod measure;
 mod record;
 mod stats;
 
@@ -30,6 +31,7 @@ use rayon::prelude::*;
 
 pub use allocate::Allocation;
 pub use histogram::MagnitudeHistogram;
+pub use measure::{block_errors, measured_allocation, LayerAllocation};
 pub use record::{TealCalibration, TealRecorder};
 use stats::Counters;
 pub use stats::TealStats;

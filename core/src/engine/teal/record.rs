@@ -89,6 +89,28 @@ impl TealRecorder {
             .merge(&local);
     }
 
+    /// Layer `il`'s seven input histograms so far (an error when one has no samples).
+    pub fn histograms(&self, il: usize) -> Result<[MagnitudeHistogram; 7]> {
+        let layer = self
+            .hists
+            .get(il)
+            .ok_or_else(|| Error::InvalidArgument(format!("no layer {il} in the TEAL recorder")))?;
+        let hists: [MagnitudeHistogram; 7] =
+            std::array::from_fn(|m| layer[m].lock().expect("histogram lock").clone());
+        if let Some(m) = Proj::ALL.iter().find(|m| hists[m.index()].is_empty()) {
+            return Err(Error::InvalidArgument(format!(
+                "no calibration samples for blk.{il}.{}",
+                m.name()
+            )));
+        }
+        Ok(hists)
+    }
+
+    /// Parameters of layer `il`'s seven matrices.
+    pub fn params(&self, il: usize) -> [f64; 7] {
+        self.params[il]
+    }
+
     /// Thresholds for the model-wide `target` sparsity: every block gets the target, shared among
     /// its matrices as `how` says.
     pub fn thresholds(&self, target: f64, how: Allocation) -> Result<TealCalibration> {
@@ -99,15 +121,8 @@ impl TealRecorder {
         }
         let mut thresholds = Vec::with_capacity(self.hists.len());
         let mut sparsity = Vec::with_capacity(self.hists.len());
-        for (il, layer) in self.hists.iter().enumerate() {
-            let hists: [MagnitudeHistogram; 7] =
-                std::array::from_fn(|m| layer[m].lock().expect("histogram lock").clone());
-            if let Some(m) = Proj::ALL.iter().find(|m| hists[m.index()].is_empty()) {
-                return Err(Error::InvalidArgument(format!(
-                    "no calibration samples for blk.{il}.{}",
-                    m.name()
-                )));
-            }
+        for il in 0..self.hists.len() {
+            let hists = self.histograms(il)?;
             let s = allocate(&hists, self.params[il], target, how);
             thresholds.push(std::array::from_fn(|m| hists[m].cut(s[m]).0));
             sparsity.push(s);

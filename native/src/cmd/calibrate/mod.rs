@@ -53,16 +53,24 @@ pub struct Args {
     /// of every block's weights (TEAL, `--sparsity-mode teal`).
     #[arg(long)]
     target_sparsity: Option<f64>,
-    /// How TEAL shares a block's target among its matrices: `greedy` (TEAL's, by added output
-    /// error) or `uniform` (the target for every matrix).
+    /// How TEAL shares a block's target among its matrices: `measured` (TEAL's greedy steps,
+    /// each scored by running the block on a sample of the text), `greedy` (the same steps
+    /// scored by an estimate from the histograms: seconds instead of minutes) or `uniform` (the
+    /// target for every matrix).
     #[arg(long, value_enum, default_value = "greedy")]
     teal_allocation: AllocationArg,
+    /// Tokens of the calibration text the `measured` allocation runs each block on (in
+    /// sequences of at most 128); every allocation reports its block output error on them.
+    #[arg(long, default_value_t = 256)]
+    teal_sample_tokens: usize,
 }
 
 /// `--teal-allocation` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum AllocationArg {
-    /// TEAL's greedy allocation by added output error.
+    /// TEAL's greedy allocation, each step's error measured on the block's output.
+    Measured,
+    /// The greedy allocation with each step's error estimated from the histograms.
     Greedy,
     /// The same sparsity for every matrix.
     Uniform,
@@ -95,8 +103,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Some(SparsityModeArg::Teal) => {
                 let how = match args.teal_allocation {
-                    AllocationArg::Greedy => Allocation::Greedy,
-                    AllocationArg::Uniform => Allocation::Uniform,
+                    AllocationArg::Measured => teal::How::Measured(args.teal_sample_tokens),
+                    AllocationArg::Greedy => {
+                        teal::How::Estimate(Allocation::Greedy, args.teal_sample_tokens)
+                    }
+                    AllocationArg::Uniform => {
+                        teal::How::Estimate(Allocation::Uniform, args.teal_sample_tokens)
+                    }
                 };
                 teal::calibrate(&loaded, &tokens, sparsity, how, &args.output)
             }
