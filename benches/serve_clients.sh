@@ -45,6 +45,12 @@ port, n_clients, tokens = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 results = [None] * n_clients
 
 def client(i, start):
+    try:
+        run_client(i, start)
+    except Exception as e:  # report which client failed and why, then let the row fail clearly
+        print(f"client {i}: {type(e).__name__}: {e}", file=sys.stderr)
+
+def run_client(i, start):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     body = json.dumps({"prompt": f"Client {i} tells a story about the number {i * 7}:",
                        "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
@@ -64,6 +70,8 @@ def client(i, start):
             usage = chunk["usage"]
         elif first is None and chunk["choices"] and chunk["choices"][0]["text"]:
             first = time.perf_counter() - t0
+    if usage is None:
+        raise RuntimeError("the stream ended without a usage chunk")
     results[i] = (t0, time.perf_counter(), first, usage["completion_tokens"])
 
 start = threading.Event()
@@ -73,10 +81,13 @@ for t in threads:
 start.set()
 for t in threads:
     t.join()
+failed = [i for i, r in enumerate(results) if r is None]
+if failed:
+    sys.exit(f"{len(failed)} of {n_clients} clients failed (see above)")
 begin = min(r[0] for r in results)
 end = max(r[1] for r in results)
 generated = sum(r[3] for r in results)
-ttft = [r[2] for r in results]
+ttft = [r[2] if r[2] is not None else r[1] - r[0] for r in results]  # no text at all: the whole stream
 per_client = [r[3] / (r[1] - r[0]) for r in results]
 agg = generated / (end - begin)
 name, single = sys.argv[4], (sys.argv[5] if len(sys.argv) > 5 else "")
