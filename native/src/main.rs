@@ -40,6 +40,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_vulkan_device_select();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
@@ -59,5 +60,15 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Turns off Mesa's implicit `VK_LAYER_MESA_device_select` layer unless the user set
+/// `NODEVICE_SELECT` themselves: wgpu picks the adapter on its own, and the layer only prints an
+/// `XDG_RUNTIME_DIR` error on machines without a desktop session (servers, CI, containers).
+fn quiet_vulkan_device_select() {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        // Before any other thread exists, so no one reads the environment concurrently.
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }

@@ -30,9 +30,10 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
-/// Multiply-adds below which a piece of attention is not worth a task of its own: waking a worker
-/// costs a few microseconds, about what this much work takes on one core.
-const MIN_TASK_MACS: usize = 1 << 17;
+/// Multiply-adds below which a piece of attention is not worth a task of its own: handing a task
+/// to a worker that is awake ([`super::awake`]) costs about a microsecond, about what this much
+/// work takes on one core.
+const MIN_TASK_MACS: usize = 1 << 14;
 
 /// Per-task buffers.
 #[derive(Default)]

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use super::awake::with_awake_workers;
 use super::ffn::{FfnDensity, FfnMode};
 use super::kv_cache::KvCache;
 use super::session::{check_tokens, Forward, SeqRows};
@@ -181,7 +182,7 @@ impl<'m> Batch<'m> {
         let fwd = &mut self.fwd;
         let logits = self
             .pool
-            .install(|| fwd.forward(&tokens, &mut seqs, &out_rows))?;
+            .install(|| with_awake_workers(|| fwd.forward(&tokens, &mut seqs, &out_rows)))?;
         drop(seqs);
         for w in work {
             self.slots[w.seq.0].n_past += w.tokens.len();

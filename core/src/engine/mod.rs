@@ -2,6 +2,7 @@
 //! LM head; the KV cache; sessions, and batches of sequences decoded together.
 
 mod attention;
+mod awake;
 mod batch;
 mod ffn;
 mod generate;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::attention::{attend, AttentionShape};
+use super::awake::with_awake_workers;
 use super::ffn::{feed_forward, FfnDensity, FfnMode, FfnObserver};
 use super::kv_cache::KvCache;
 use super::linear::{DenseLinear, Linear, Proj};
@@ -215,22 +216,24 @@ impl<'m> Session<'m> {
         }
         let pool = self.pool.clone();
         pool.install(|| {
-            let mut logits = Vec::new();
-            for chunk in tokens.chunks(MAX_BATCH) {
-                let n = chunk.len();
-                let out_rows: Vec<usize> = match which {
-                    Logits::All => (0..n).collect(),
-                    Logits::Last => vec![n - 1],
-                };
-                let chunk_logits = self.forward_chunk(chunk, &out_rows)?;
-                self.n_past += n;
-                if which == Logits::All {
-                    logits.extend_from_slice(&chunk_logits);
-                } else {
-                    logits = chunk_logits;
+            with_awake_workers(|| {
+                let mut logits = Vec::new();
+                for chunk in tokens.chunks(MAX_BATCH) {
+                    let n = chunk.len();
+                    let out_rows: Vec<usize> = match which {
+                        Logits::All => (0..n).collect(),
+                        Logits::Last => vec![n - 1],
+                    };
+                    let chunk_logits = self.forward_chunk(chunk, &out_rows)?;
+                    self.n_past += n;
+                    if which == Logits::All {
+                        logits.extend_from_slice(&chunk_logits);
+                    } else {
+                        logits = chunk_logits;
+                    }
                 }
-            }
-            Ok(logits)
+                Ok(logits)
+            })
         })
     }
 }
