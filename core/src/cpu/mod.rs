@@ -261,6 +261,12 @@ impl Level {
     }
 }
 
+/// Whether the kernels run on AVX2 (or AVX-512) here: for code outside the kernels that compiles
+/// a copy of itself for AVX2 (the same operations, wider vectors).
+pub(crate) fn has_avx2() -> bool {
+    Level::current() >= Level::Avx2
+}
+
 /// The level chosen on first use (see [`Level::current`]).
 static LEVEL: OnceLock<Level> = OnceLock::new();
 

@@ -88,6 +88,7 @@ impl Rope {
 }
 
 /// In-place softmax of one row (max-subtracted, sums in f64 as ggml does).
+#[inline]
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
@@ -146,6 +147,7 @@ pub fn silu(x: f32) -> f32 {
 }
 
 /// `a · b` in f32 with sixteen independent partial sums (so that it vectorises).
+#[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0f32; LANES];

@@ -61,42 +61,96 @@ pub fn attend(
     let keys = shape.window.map_or(pos0 + n, |w| w.min(pos0 + n)).max(1);
     let pair_macs = keys * group * (hd + hd_v);
     let min_len = MIN_TASK_MACS.div_ceil(pair_macs.max(1));
+    let avx2 = crate::cpu::has_avx2();
     out.par_chunks_mut(group * hd_v)
         .with_min_len(min_len)
         .enumerate()
         .for_each_init(Scratch::default, |s, (i, out)| {
-            let (t, kv_head) = (i / shape.n_head_kv, i % shape.n_head_kv);
-            let p = pos0 + t;
-            let first = shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
-            let n_keys = p + 1 - first;
-            let q_start = (t * shape.n_head + kv_head * group) * hd;
-            s.q16.clear();
-            s.q16.extend(
-                q[q_start..q_start + group * hd]
-                    .iter()
-                    .map(|&x| f16::from_f32(x).to_f32()),
-            );
-            s.scores.resize(group * n_keys, 0.0);
-            s.row.resize(hd.max(hd_v), 0.0);
-            for (jj, j) in (first..=p).enumerate() {
-                let k = &mut s.row[..hd];
-                cache.key(il, j, kv_head, hd).convert_to_f32_slice(k);
-                for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
-                    s.scores[g * n_keys + jj] = dot_f32(qh, k) * shape.scale;
-                }
+            let pair = Pair {
+                cache,
+                il,
+                shape,
+                q,
+                pos0,
+                t: i / shape.n_head_kv,
+                kv_head: i % shape.n_head_kv,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU has AVX2, FMA and F16C (the kernels' AVX2 level runs).
+                unsafe { pair.run_avx2(s, out) };
+                return;
             }
-            for w in s.scores.chunks_exact_mut(n_keys) {
-                softmax(w);
-                w.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
-            }
-            out.fill(0.0);
-            for (jj, j) in (first..=p).enumerate() {
-                let v = &mut s.row[..hd_v];
-                cache.value(il, j, kv_head, hd_v).convert_to_f32_slice(v);
-                for (g, o) in out.chunks_exact_mut(hd_v).enumerate() {
-                    let w = s.scores[g * n_keys + jj];
-                    o.iter_mut().zip(v.iter()).for_each(|(o, &x)| *o += w * x);
-                }
-            }
+            let _ = avx2;
+            pair.run(s, out);
         });
+}
+
+/// One query token's heads of one KV-head group: the unit of work of [`attend`].
+struct Pair<'a> {
+    cache: &'a KvCache,
+    il: usize,
+    shape: &'a AttentionShape,
+    q: &'a [f32],
+    pos0: usize,
+    /// The query token (row of `q`).
+    t: usize,
+    kv_head: usize,
+}
+
+impl Pair<'_> {
+    /// [`Pair::run`] compiled for AVX2 (the same operations in the same order, so the same bits:
+    /// only the vectors are wider).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_avx2(&self, s: &mut Scratch, out: &mut [f32]) {
+        self.run(s, out)
+    }
+
+    /// Writes the group's `out = softmax(scale · q·K) · V`.
+    #[inline(always)]
+    fn run(&self, s: &mut Scratch, out: &mut [f32]) {
+        let shape = self.shape;
+        let group = shape.n_head / shape.n_head_kv;
+        let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
+        let p = self.pos0 + self.t;
+        let first = shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let n_keys = p + 1 - first;
+        let q_start = (self.t * shape.n_head + self.kv_head * group) * hd;
+        s.q16.clear();
+        s.q16.extend(
+            self.q[q_start..q_start + group * hd]
+                .iter()
+                .map(|&x| f16::from_f32(x).to_f32()),
+        );
+        s.scores.resize(group * n_keys, 0.0);
+        s.row.resize(hd.max(hd_v), 0.0);
+        for (jj, j) in (first..=p).enumerate() {
+            let k = &mut s.row[..hd];
+            self.cache
+                .key(self.il, j, self.kv_head, hd)
+                .convert_to_f32_slice(k);
+            for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
+                s.scores[g * n_keys + jj] = dot_f32(qh, k) * shape.scale;
+            }
+        }
+        for w in s.scores.chunks_exact_mut(n_keys) {
+            softmax(w);
+            w.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+        }
+        out.fill(0.0);
+        for (jj, j) in (first..=p).enumerate() {
+            let v = &mut s.row[..hd_v];
+            self.cache
+                .value(self.il, j, self.kv_head, hd_v)
+                .convert_to_f32_slice(v);
+            for (g, o) in out.chunks_exact_mut(hd_v).enumerate() {
+                let w = s.scores[g * n_keys + jj];
+                o.iter_mut().zip(v.iter()).for_each(|(o, &x)| *o += w * x);
+            }
+        }
+    }
 }

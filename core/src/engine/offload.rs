@@ -47,7 +47,7 @@ pub trait FfnOffload: Send + Sync {
     ) -> Result<Vec<f32>>;
 
     /// The sorted rows `rows` of gate or up times `x` (`n × rows.len()`), as
-    /// `cpu::gather_matmul` computes them.
+    /// `cpu::gather_matmul` computes them. By default on the CPU ([`CpuFfn`]).
     fn gather(
         &self,
         model: &Model,
@@ -56,7 +56,9 @@ pub trait FfnOffload: Send + Sync {
         rows: &[u32],
         x: &[f32],
         n: usize,
-    ) -> Result<Vec<f32>>;
+    ) -> Result<Vec<f32>> {
+        CpuFfn.gather(model, il, which, rows, x, n)
+    }
 
     /// [`FfnOffload::gather`] of gate and of up over the same rows: `(gate, up)`.
     fn gather_gate_up(

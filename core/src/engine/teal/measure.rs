@@ -75,18 +75,6 @@ impl FfnOffload for Masked {
         CpuFfn.matmul(model, il, which, &xs, n)
     }
 
-    fn gather(
-        &self,
-        model: &Model,
-        il: usize,
-        which: FfnTensor,
-        rows: &[u32],
-        x: &[f32],
-        n: usize,
-    ) -> Result<Vec<f32>> {
-        CpuFfn.gather(model, il, which, rows, x, n)
-    }
-
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
         CpuFfn.down_axpy(model, il, &self.masked(Proj::Down, a), n)
     }

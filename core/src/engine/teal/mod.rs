@@ -312,18 +312,6 @@ impl FfnOffload for Teal {
         self.sparse_project(model, il, p, x, n)
     }
 
-    fn gather(
-        &self,
-        model: &Model,
-        il: usize,
-        which: FfnTensor,
-        rows: &[u32],
-        x: &[f32],
-        n: usize,
-    ) -> Result<Vec<f32>> {
-        CpuFfn.gather(model, il, which, rows, x, n)
-    }
-
     /// Files with a neuron-major down (no row-major one) reach down here: thresholded like the
     /// other inputs, over TEAL's copy of it.
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {

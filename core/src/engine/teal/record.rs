@@ -162,18 +162,6 @@ impl FfnOffload for TealRecorder {
         CpuFfn.matmul(model, il, which, x, n)
     }
 
-    fn gather(
-        &self,
-        model: &Model,
-        il: usize,
-        which: FfnTensor,
-        rows: &[u32],
-        x: &[f32],
-        n: usize,
-    ) -> Result<Vec<f32>> {
-        CpuFfn.gather(model, il, which, rows, x, n)
-    }
-
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
         self.record(il, Proj::Down, a);
         CpuFfn.down_axpy(model, il, a, n)
