@@ -30,6 +30,7 @@ pub use offload::{
 };
 pub use perplexity::{perplexity, ChunkScore};
 pub use positions::OPT_POSITION_OFFSET;
+#[cfg(feature = "gpu")]
 pub(crate) use session::{check_tokens, embed_tokens};
 pub use session::{default_ffn_mode, Logits, Session};
 pub use teal::{
