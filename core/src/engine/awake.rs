@@ -47,12 +47,25 @@ fn spin_until(stop: &AtomicBool, caller: usize) {
     }
     SPINNING.set(true);
     let _unmark = UnmarkOnDrop;
+    let mut idle = 0u32;
     while !stop.load(Ordering::Acquire) {
-        if rayon::yield_now() != Some(rayon::Yield::Executed) {
-            std::hint::spin_loop();
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            idle = 0;
+        } else {
+            idle = idle.wrapping_add(1);
+            if idle.is_multiple_of(YIELD_EVERY) {
+                // more threads than cores (`-t` above the core count, other processes): let
+                // the thread that has work run on this core
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
+
+/// Idle rounds of a spinner between two offers of its core to the OS scheduler.
+const YIELD_EVERY: u32 = 16;
 
 /// Sets the flag when dropped, so the spinners stop even if the closure panics.
 struct StopOnDrop<'a>(&'a AtomicBool);
