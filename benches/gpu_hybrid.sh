@@ -6,7 +6,8 @@
 # Rows: the synthetic 90%-sparse ReLU model (`--ffn sparse`: hot neurons on the GPU, cold on the
 # CPU), a synthetic dense SwiGLU model and the default Gemma model (dense: the budget takes the
 # last layers whole, attention, FFN and KV cache, as a GPU segment). PRESET=small (default) or
-# tiny (seconds, to check the script) chooses the synthetic models' shape.
+# tiny (seconds, to check the script) or relullama-7b (4.6 GB files, made in minutes) chooses the
+# synthetic models' shape; ROWS="sparse dense gemma" (default) chooses the rows.
 #
 # `prepare` builds the release binary here, strips it and puts it in target/gpu-bench/ (ignored,
 # ~30 MiB: carry that folder to the GPU machine, which needs only an NVIDIA driver and the Vulkan
@@ -46,8 +47,13 @@ fi
 mkdir -p "$OUT"
 SPARSE=$OUT/synth-$PRESET-q4_0-relu.gguf
 DENSE=$OUT/synth-$PRESET-q4_0-silu.gguf
-[[ -f $SPARSE ]] || $HC synth --preset "$PRESET" --type q4_0 --sparsity 0.9 -o "$SPARSE" >/dev/null
-[[ -f $DENSE ]] || $HC synth --preset "$PRESET" --type q4_0 --activation silu -o "$DENSE" >/dev/null
+ROWS=${ROWS:-sparse dense gemma}
+if [[ " $ROWS " == *" sparse "* && ! -f $SPARSE ]]; then
+  $HC synth --preset "$PRESET" --type q4_0 --sparsity 0.9 -o "$SPARSE" >/dev/null
+fi
+if [[ " $ROWS " == *" dense "* && ! -f $DENSE ]]; then
+  $HC synth --preset "$PRESET" --type q4_0 --activation silu -o "$DENSE" >/dev/null
+fi
 GEMMA=$HOME/.cache/hotcold/gemma-3-270m-q4_k_m.gguf
 
 # decode tok/s of one configuration (extra flags after the model); its placement line on stderr
@@ -64,7 +70,7 @@ rate() {
 }
 
 rows=()
-for name in sparse dense gemma; do
+for name in $ROWS; do
   case $name in
     sparse) model=$SPARSE label="synth $PRESET q4_0 (90% sparse, hybrid neurons)" ;;
     dense) model=$DENSE label="synth $PRESET q4_0 silu (dense, GPU segments)" ;;
@@ -80,6 +86,7 @@ for name in sparse dense gemma; do
     row+="|$(rate "$model" --device gpu --vram-budget "$share%")"
   done
   row+="|$(rate "$model" --device gpu)"
+  echo "row: $row" >&2
   rows+=("$row")
 done
 

@@ -1,13 +1,18 @@
 // The sparse down projection: `Y[t] += Σ_k A[t][k] · W row IDX[k]` over the rows of the
-// neuron-major down matrix, one invocation per output column and token. As the CPU's
-// `sparse_axpy`: each weight is dequantised exactly, zero coefficients are skipped, and the sum is
-// `fma(a, w, acc)` in the order of IDX. Dispatched once per weight chunk, in row order; Y
+// neuron-major down matrix. A workgroup takes COLS output columns of one token and splits the
+// coefficients into WG / COLS consecutive ranges, one invocation per (column, range): each range is
+// summed as the CPU's `sparse_axpy` sums (weights dequantised exactly, zero coefficients skipped,
+// `fma(a, w, acc)` in the order of IDX), then the ranges' sums are added to Y in range order. One
+// invocation per column would leave a GPU with a few thousand long serial loops; this gives it
+// WG / COLS times more, each as many times shorter. Dispatched once per weight chunk, in row order; Y
 // accumulates across the dispatches. Needs f16.wgsl and bytes.wgsl.
 
 // The weights' ggml type id: 0 F32, 1 F16, 2 Q4_0, 6 Q5_0, 8 Q8_0.
 override WTYPE: u32 = 0u;
-// Invocations per workgroup (at most 256).
-override WG: u32 = 64u;
+// Invocations per workgroup (a multiple of COLS, at most 256; the host sets AXPY_WG).
+override WG: u32 = 256u;
+// Output columns per workgroup (the host's AXPY_COLUMNS); WG / COLS coefficient ranges each.
+const COLS: u32 = 16u;
 
 struct Params {
     // Values per weight row (outputs per token).
@@ -72,20 +77,35 @@ fn weight(rb: u32, c: u32) -> f32 {
     }
 }
 
+var<workgroup> partial: array<f32, 256>;
+
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let c = gid.x;
-    let t = gid.y;
-    if (c >= P.cols || t >= P.n_tokens) {
-        return;
-    }
-    var acc = Y[t * P.cols + c];
-    for (var k = 0u; k < P.count; k++) {
-        let a = A[t * P.a_stride + P.first + k];
-        if (a != 0.0) {
-            let row = IDX[P.first + k] - P.row_base;
-            acc = fma(a, weight(row * P.row_bytes, c), acc);
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let col = lid % COLS;
+    let slice = lid / COLS;
+    let c = wid.x * COLS + col;
+    let t = wid.y;
+    let slices = WG / COLS;
+    let per = (P.count + slices - 1u) / slices;
+    let k0 = min(slice * per, P.count);
+    let k1 = min(k0 + per, P.count);
+    var acc = 0.0;
+    if (c < P.cols) {
+        for (var k = k0; k < k1; k++) {
+            let a = A[t * P.a_stride + P.first + k];
+            if (a != 0.0) {
+                let row = IDX[P.first + k] - P.row_base;
+                acc = fma(a, weight(row * P.row_bytes, c), acc);
+            }
         }
     }
-    Y[t * P.cols + c] = acc;
+    partial[lid] = acc;
+    workgroupBarrier();
+    if (slice == 0u && c < P.cols) {
+        var y = Y[t * P.cols + c];
+        for (var r = 0u; r < slices; r++) {
+            y += partial[r * COLS + col];
+        }
+        Y[t * P.cols + c] = y;
+    }
 }

@@ -9,7 +9,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::gpu::{assert_close, gpu, greedy, step_diffs, tiny, Jitter};
+use common::gpu::{
+    assert_close, assert_same_choices, gpu, greedy, greedy_along, step_diffs, tiny, Jitter,
+};
 use hotcold::engine::{thread_pool, FfnMode, Logits, Session};
 use hotcold::gpu::forward::{check_supported, GpuModel, GpuSession};
 use hotcold::gpu::{AdapterChoice, GpuContext, ObjectCounts};
@@ -28,22 +30,31 @@ const TOLERANCE: f32 = 1e-3;
 /// the largest logit. A wrong kernel moves them by far more (and changes the greedy tokens).
 const QUANT_FLIP_TOLERANCE: f32 = 1e-2;
 
-/// Greedy decoding in `mode` on the CPU (`gpu_model` None) or wholly on the GPU.
-fn run(
-    model: &Model,
-    mode: FfnMode,
-    gpu_model: Option<&Arc<GpuModel>>,
-    prompt: &[u32],
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let setup = |s: &mut Session| {
+/// Sets the FFN mode and, when given, the GPU model of a session.
+fn with(mode: FfnMode, gpu_model: Option<&Arc<GpuModel>>) -> impl FnOnce(&mut Session) + '_ {
+    move |s: &mut Session| {
         s.set_ffn_mode(mode).unwrap();
         if let Some(g) = gpu_model {
             s.set_gpu_model(g.clone()).unwrap();
             assert!(s.on_gpu());
         }
-    };
-    greedy(model, setup, prompt, n)
+    }
+}
+
+/// Greedy decoding in `mode` on the CPU: its tokens and each step's logits.
+fn on_cpu(model: &Model, mode: FfnMode, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    greedy(model, with(mode, None), prompt, n)
+}
+
+/// The GPU's greedy choices and logits along the CPU's tokens `along`.
+fn on_gpu(
+    model: &Model,
+    mode: FfnMode,
+    gpu_model: &Arc<GpuModel>,
+    prompt: &[u32],
+    along: &[u32],
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    greedy_along(model, with(mode, Some(gpu_model)), prompt, along)
 }
 
 #[test]
@@ -54,13 +65,13 @@ fn resident_tiny_models_equal_cpu_sparse_and_dense() {
         (SynthArch::Bamboo, GgmlType::Q4_0, QUANT_FLIP_TOLERANCE),
     ] {
         let model = tiny(arch, ty);
-        let on_gpu = Arc::new(GpuModel::upload(gpu(), &model, FfnMode::Sparse).unwrap());
-        assert!(on_gpu.bytes() > 0);
+        let gpu_model = Arc::new(GpuModel::upload(gpu(), &model, FfnMode::Sparse).unwrap());
+        assert!(gpu_model.bytes() > 0);
         for mode in [FfnMode::Sparse, FfnMode::Dense] {
-            let (want_tokens, want) = run(&model, mode, None, &prompt, 8);
-            let (tokens, got) = run(&model, mode, Some(&on_gpu), &prompt, 8);
+            let (want_tokens, want) = on_cpu(&model, mode, &prompt, 8);
+            let (tokens, got) = on_gpu(&model, mode, &gpu_model, &prompt, &want_tokens);
             let what = format!("{arch:?} {ty} {mode:?}");
-            assert_eq!(tokens, want_tokens, "{what}: greedy tokens");
+            assert_same_choices(&tokens, &want_tokens, &want, tolerance, &[0.0; 8], &what);
             assert_close(&got, &want, tolerance, &[0.0; 8], &what);
         }
         // Every token's logits of a prompt, in one submission.
@@ -77,7 +88,7 @@ fn resident_tiny_models_equal_cpu_sparse_and_dense() {
         let want = all(None);
         assert_eq!(want.len(), prompt.len());
         assert_close(
-            &all(Some(&on_gpu)),
+            &all(Some(&gpu_model)),
             &want,
             tolerance,
             &[0.0; 5],
@@ -93,7 +104,7 @@ fn resident_gemma_equals_cpu() {
     let prompt = [2u32, 818, 5279, 529, 7001, 563];
     let n = 4;
     let mode = FfnMode::Dense;
-    let (want_tokens, want) = run(&model, mode, None, &prompt, n);
+    let (want_tokens, want) = on_cpu(&model, mode, &prompt, n);
     let (_, noisy) = greedy(
         &model,
         |s: &mut Session| s.set_ffn_offload(Arc::new(Jitter)),
@@ -101,9 +112,9 @@ fn resident_gemma_equals_cpu() {
         n,
     );
     let floor: Vec<f32> = step_diffs(&noisy, &want).iter().map(|d| 2.0 * d).collect();
-    let on_gpu = Arc::new(GpuModel::upload(gpu(), &model, mode).unwrap());
-    let (tokens, got) = run(&model, mode, Some(&on_gpu), &prompt, n);
-    assert_eq!(tokens, want_tokens, "greedy tokens");
+    let gpu_model = Arc::new(GpuModel::upload(gpu(), &model, mode).unwrap());
+    let (tokens, got) = on_gpu(&model, mode, &gpu_model, &prompt, &want_tokens);
+    assert_same_choices(&tokens, &want_tokens, &want, TOLERANCE, &floor, "gemma");
     assert_close(&got, &want, TOLERANCE, &floor, "gemma");
 }
 

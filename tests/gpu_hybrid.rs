@@ -15,7 +15,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::gpu::{assert_close, gpu, greedy, step_diffs, tiny, Jitter};
+use common::gpu::{
+    assert_close, assert_same_choices, gpu, greedy, greedy_along, step_diffs, tiny, Jitter,
+};
 use hotcold::engine::{ffn_bytes, thread_pool, FfnMode, FfnOffload, GpuFfn, Logits, Session};
 use hotcold::gpu::{AdapterChoice, GpuContext};
 use hotcold::model::Model;
@@ -66,9 +68,16 @@ fn check(
         let ffn = Arc::new(GpuFfn::with_budget(gpu(), model, budget).unwrap());
         assert!(ffn.bytes() <= budget);
         placed.push(ffn.bytes());
-        let (tokens, logits) = greedy(model, with(mode, Some(ffn)), prompt, n);
-        assert_eq!(tokens, want_tokens, "greedy tokens at budget {f}");
+        let (tokens, logits) = greedy_along(model, with(mode, Some(ffn)), prompt, &want_tokens);
         let what = format!("budget {f}");
+        assert_same_choices(
+            &tokens,
+            &want_tokens,
+            &want_logits,
+            TOLERANCE,
+            &floor,
+            &what,
+        );
         assert_close(&logits, &want_logits, TOLERANCE, &floor, &what);
     }
     placed

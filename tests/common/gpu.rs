@@ -110,6 +110,54 @@ pub fn greedy(
     (tokens, all)
 }
 
+/// The greedy choice and the logits of each step after `prompt` on a session `setup` prepares,
+/// fed the tokens `along` (another run's choices) rather than its own, so that one near-tie
+/// broken the other way does not change what every later step sees.
+pub fn greedy_along(
+    model: &Model,
+    setup: impl FnOnce(&mut Session),
+    prompt: &[u32],
+    along: &[u32],
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut session = Session::new(model, 64, thread_pool(2).unwrap());
+    setup(&mut session);
+    let mut logits = session.eval(prompt, Logits::Last).unwrap();
+    let (mut tokens, mut all) = (Vec::new(), Vec::new());
+    for &fed in along {
+        tokens.push(hotcold::sample::argmax(&logits));
+        all.push(logits);
+        logits = session.eval(&[fed], Logits::Last).unwrap();
+    }
+    (tokens, all)
+}
+
+/// Asserts that each step's greedy choice `got` is `want`'s, or a near-tie: a step may pick
+/// another token only when `want_logits` put it within twice the step's logit bound (as in
+/// [`assert_close`]) of the best one, a gap that float rounding on another GPU may close. On
+/// lavapipe, whose arithmetic is the CPU's, the choices are the same.
+pub fn assert_same_choices(
+    got: &[u32],
+    want: &[u32],
+    want_logits: &[Vec<f32>],
+    tolerance: f32,
+    floor: &[f32],
+    what: &str,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: steps");
+    for (step, ((&g, &w), logits)) in got.iter().zip(want).zip(want_logits).enumerate() {
+        if g == w {
+            continue;
+        }
+        let scale = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let bound = (tolerance * scale).max(floor[step]);
+        let gap = logits[w as usize] - logits[g as usize];
+        assert!(
+            gap <= 2.0 * bound,
+            "{what}, step {step}: greedy token {g} instead of {w}, whose logit is {gap} higher (bound {bound})"
+        );
+    }
+}
+
 /// Asserts that each step's logits differ from `want` by at most `tolerance` of the step's
 /// largest |logit| or `floor[step]`, whichever is larger; `what` names the run.
 pub fn assert_close(

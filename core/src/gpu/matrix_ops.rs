@@ -4,7 +4,7 @@
 //! meanwhile); [`Pending::wait`] reads the result.
 
 use super::context::{GpuContext, Pending};
-use super::pipelines::{grid, WG};
+use super::pipelines::grid;
 use super::recorder::Recorder;
 use super::shaders::Shader;
 use super::weights::{type_id, GpuMatrix, AXPY_TYPES};
@@ -12,6 +12,12 @@ use super::workspace::{Use, Workspace};
 use crate::cpu::{quantize_like_matmul, ActKind};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
+
+/// Output columns of one sparse-axpy workgroup (`COLS` in sparse_axpy.wgsl).
+const AXPY_COLUMNS: u32 = 16;
+
+/// Invocations of one sparse-axpy workgroup: [`AXPY_COLUMNS`] columns × 16 coefficient ranges.
+const AXPY_WG: u32 = 256;
 
 /// `matvec.wgsl`'s parameters.
 #[repr(C)]
@@ -380,7 +386,8 @@ impl GpuContext {
         y: &wgpu::Buffer,
         n: usize,
     ) {
-        let pipeline = self.pipeline(Shader::SparseAxpy, "main", &[("WTYPE", type_id(w_t.ty))]);
+        let constants = [("WTYPE", type_id(w_t.ty)), ("WG", f64::from(AXPY_WG))];
+        let pipeline = self.pipeline(Shader::SparseAxpy, "main", &constants);
         for chunk in &w_t.chunks {
             let lo = rows.partition_point(|&r| (r as usize) < chunk.first);
             let hi = rows.partition_point(|&r| (r as usize) < chunk.first + chunk.rows);
@@ -401,7 +408,7 @@ impl GpuContext {
                 &pipeline,
                 &[&chunk.buffer, a, idx, y],
                 &params,
-                [(w_t.cols as u32).div_ceil(WG), n as u32, 1],
+                [(w_t.cols as u32).div_ceil(AXPY_COLUMNS), n as u32, 1],
             );
         }
     }

@@ -54,7 +54,7 @@ pub(crate) struct Pipelines {
 pub(crate) const WG: u32 = 64;
 
 impl GpuContext {
-    /// The pipeline of `entry` in `shader` with `constants` (`WG` is always set).
+    /// The pipeline of `entry` in `shader` with `constants` (`WG` is [`WG`] unless they set it).
     pub(crate) fn pipeline(
         &self,
         shader: Shader,
@@ -93,7 +93,9 @@ impl GpuContext {
                 immediate_size: 0,
             });
         let mut all: Vec<(&str, f64)> = constants.to_vec();
-        all.push(("WG", f64::from(WG)));
+        if !all.iter().any(|&(k, _)| k == "WG") {
+            all.push(("WG", f64::from(WG)));
+        }
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
