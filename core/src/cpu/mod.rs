@@ -525,6 +525,16 @@ fn kernel_for(level: Level, ty: GgmlType) -> Kernel {
     scalar::kernel(ty).expect("kind_for and scalar::kernel cover the same types")
 }
 
+/// The dense-matmul kernel for `ty` that prefetches its own rows, if this level has one.
+fn streaming_kernel_for(level: Level, ty: GgmlType) -> Option<Kernel> {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx512 {
+        return avx512::streaming_kernel(ty);
+    }
+    let _ = (level, ty);
+    None
+}
+
 /// How far ahead of the kernel the weights are prefetched (the rows are short and DRAM latency is
 /// long: without it a single thread streams at about half the memory bandwidth).
 const PREFETCH_AHEAD: usize = 4 * 1024;
@@ -541,6 +551,11 @@ fn prefetch(p: &u8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
+
+/// Token rows up to which a batch runs all its token groups on a tile of rows before the next
+/// rows (the rows then come from memory once and are reused from L1); longer batches sweep the
+/// rows once per token group.
+const ROW_MAJOR_MAX_TOKENS: usize = 16;
 
 /// Token rows from which a batch unpacks each task's weights once (AVX-512 only). Below it the
 /// unpacking costs more than it saves: a decode step of 8 sequences (`hotcold serve`) ran about 15%
@@ -628,18 +643,28 @@ fn matmul_at(level: Level, w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]
 
     let mut acts = SCRATCH.with(|s| s.take()).unwrap_or_default();
     acts.quantize(level, kind, offset_shift(w.ty), x, n_tokens, w.cols);
-    let kernel = kernel_for(level, w.ty);
     match packed_for(level, w, n_tokens) {
         #[cfg(target_arch = "x86_64")]
         Some((packer, pk)) => run_rows_packed(packer, pk, w, &acts, n_tokens, y),
-        _ => run_rows(kernel, w, &acts, n_tokens, y),
+        _ => match streaming_kernel_for(level, w.ty) {
+            Some(kernel) => run_rows(kernel, false, w, &acts, n_tokens, y),
+            None => run_rows(kernel_for(level, w.ty), true, w, &acts, n_tokens, y),
+        },
     }
     SCRATCH.with(|s| s.set(Some(acts)));
     Ok(())
 }
 
-/// Splits the rows over rayon tasks and runs `kernel` on tiles of [`MR`] rows × [`NT`] tokens.
-fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f32]) {
+/// Splits the rows over rayon tasks and runs `kernel` on tiles of [`MR`] rows × [`NT`] tokens,
+/// prefetching the rows ahead of it when `prefetch_rows` (a kernel that does not itself).
+fn run_rows(
+    kernel: Kernel,
+    prefetch_rows: bool,
+    w: &Matrix,
+    acts: &Acts,
+    n_tokens: usize,
+    y: &mut [f32],
+) {
     let rows = w.rows;
     let rb = w.row_bytes();
     let threads = rayon::current_num_threads().max(1);
@@ -661,35 +686,63 @@ fn run_rows(kernel: Kernel, w: &Matrix, acts: &Acts, n_tokens: usize, y: &mut [f
         let r0 = c * chunk;
         let r1 = (r0 + chunk).min(rows);
         let mut tile = [0f32; MR * NT];
+        // software prefetch runs PREFETCH_AHEAD bytes ahead of the rows being read, on the first
+        // pass over them
+        let mut pf = r0 * rb;
+        let chunk_end = r1 * rb;
+        let mut prefetch_to = |r: usize| {
+            if !prefetch_rows {
+                return;
+            }
+            let until = (r * rb + PREFETCH_AHEAD).min(chunk_end);
+            while pf < until {
+                prefetch(&w.data[pf]);
+                pf += 64;
+            }
+        };
+        // one tile of rows r..r + nr for tokens t0..t0 + nt
+        let mut tile_at = |r: usize, nr: usize, t0: usize, nt: usize| {
+            kernel(
+                &w.data[r * rb..(r + nr) * rb],
+                rb,
+                nr,
+                acts,
+                t0,
+                nt,
+                &mut tile,
+            );
+            // SAFETY: t0 + nt <= n_tokens and r + nr <= rows, so the tile is inside y (length
+            // n_tokens * rows); rows r0..r1 belong to this task alone.
+            unsafe { out.store_tile(&tile, nr, nt, t0, rows, r) };
+        };
+        if n_tokens <= ROW_MAJOR_MAX_TOKENS {
+            // a small batch: every token group right after its rows arrive, from L1
+            let mut r = r0;
+            while r < r1 {
+                let nr = (r1 - r).min(MR);
+                prefetch_to(r + nr);
+                let mut t0 = 0;
+                while t0 < n_tokens {
+                    let nt = (n_tokens - t0).min(NT);
+                    tile_at(r, nr, t0, nt);
+                    t0 += nt;
+                }
+                r += nr;
+            }
+            return;
+        }
+        // a long batch: the activations outgrow L1, so the token groups sweep the task's rows
+        // (kept in L2) one after another
         let mut t0 = 0;
         while t0 < n_tokens {
             let nt = (n_tokens - t0).min(NT);
             let mut r = r0;
-            // software prefetch runs PREFETCH_AHEAD bytes ahead of the rows being read, on the
-            // first sweep over the rows (later token groups find them in cache)
-            let mut pf = r0 * rb;
-            let chunk_end = r1 * rb;
             while r < r1 {
                 let nr = (r1 - r).min(MR);
                 if t0 == 0 {
-                    let until = ((r + nr) * rb + PREFETCH_AHEAD).min(chunk_end);
-                    while pf < until {
-                        prefetch(&w.data[pf]);
-                        pf += 64;
-                    }
+                    prefetch_to(r + nr);
                 }
-                kernel(
-                    &w.data[r * rb..(r + nr) * rb],
-                    rb,
-                    nr,
-                    acts,
-                    t0,
-                    nt,
-                    &mut tile,
-                );
-                // SAFETY: t0 + nt <= n_tokens and r + nr <= rows, so the tile is inside y
-                // (length n_tokens * rows); rows r0..r1 belong to this task alone.
-                unsafe { out.store_tile(&tile, nr, nt, t0, rows, r) };
+                tile_at(r, nr, t0, nt);
                 r += nr;
             }
             t0 += nt;
