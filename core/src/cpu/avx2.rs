@@ -61,6 +61,26 @@ pub(crate) unsafe fn round_f16_row(x: &[f32], out: &mut [f32], scalar: fn(f32) -
         .for_each(|(o, &v)| *o = scalar(v));
 }
 
+/// `out[i] = f32(h[i])` for every `i`, 8 values at a time with F16C (exact, the same bits as
+/// [`half::f16::to_f32`]).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn widen_f16_row(h: &[half::f16], out: &mut [f32]) {
+    assert_eq!(h.len(), out.len(), "widen_f16_row lengths");
+    let mut hs = h.chunks_exact(8);
+    let mut os = out.chunks_exact_mut(8);
+    for (h, o) in (&mut hs).zip(&mut os) {
+        let v = _mm_loadu_si128(h.as_ptr() as *const __m128i);
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(v));
+    }
+    os.into_remainder()
+        .iter_mut()
+        .zip(hs.remainder())
+        .for_each(|(o, h)| *o = h.to_f32());
+}
+
 /// ggml's AVX2 `quantize_row_q8_0` for one token row: quants, f16-rounded scales, block sums.
 ///
 /// # Safety

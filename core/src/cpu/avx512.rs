@@ -83,15 +83,16 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q4_K => tiles!(dot_q4_k, 4, 4, 2),
         Q5_K => tiles!(dot_q5_k, 4, 4, 2),
         Q6_K => tiles!(dot_q6_k, 4, 4, 2),
-        F32 => tiles!(dot_f32, 4, 4, 4),
-        F16 => tiles!(dot_f16, 4, 4, 4),
-        BF16 => tiles!(dot_bf16, 4, 4, 4),
+        F32 => tiles!(tile_f32, 4, 4, 4),
+        F16 => tiles!(tile_f16, 4, 4, 4),
+        BF16 => tiles!(tile_bf16, 4, 4, 4),
         _ => return None,
     })
 }
 
 /// The kernel for `ty` over consecutive rows read once (a dense matmul), prefetching its own
-/// rows ahead, if it has one (the 32-element formats); [`kernel`]'s reads only what it uses.
+/// rows ahead, if it has one (the 32-element and float formats); [`kernel`]'s reads only what it
+/// uses.
 pub(crate) fn streaming_kernel(ty: GgmlType) -> Option<Kernel> {
     use GgmlType::*;
     Some(match ty {
@@ -100,6 +101,9 @@ pub(crate) fn streaming_kernel(ty: GgmlType) -> Option<Kernel> {
         Q5_0 => tiles!(stream_q5_0, 4, 4, 4),
         Q5_1 => tiles!(stream_q5_1, 4, 4, 4),
         Q8_0 => tiles!(stream_q8_0, 4, 4, 4),
+        F32 => tiles!(stream_f32, 4, 4, 4),
+        F16 => tiles!(stream_f16, 4, 4, 4),
+        BF16 => tiles!(stream_bf16, 4, 4, 4),
         _ => return None,
     })
 }
@@ -612,7 +616,7 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(
 /// Float rows: `load16(p)` gives 16 weights from `p` as f32, `one(p)` a single weight.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_float<const R: usize, const N: usize>(
+unsafe fn dot_float<const R: usize, const N: usize, const PF: bool>(
     w: *const u8,
     rb: usize,
     a: &Acts,
@@ -626,8 +630,16 @@ unsafe fn dot_float<const R: usize, const N: usize>(
     let rows: [*const u8; R] = std::array::from_fn(|r| w.add(r * rb));
     let x: [*const f32; N] = std::array::from_fn(|t| a.f(t0 + t).as_ptr());
     let mut acc = [[_mm512_setzero_ps(); N]; R];
+    let prefetch = PF && t0 == 0;
     let mut j = 0;
     while j + 16 <= n {
+        if prefetch && (j * esize).is_multiple_of(64) {
+            // one line per row and 64 bytes read (see `dot32`); a prefetch never faults
+            for r in 0..R {
+                let ahead = rows[r].wrapping_add(j * esize + STREAM_AHEAD);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            }
+        }
         let wv: [__m512; R] = std::array::from_fn(|r| load16(rows[r].add(j * esize)));
         for t in 0..N {
             let xv = _mm512_loadu_ps(x[t].add(j));
@@ -649,14 +661,14 @@ unsafe fn dot_float<const R: usize, const N: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_f32<const R: usize, const N: usize>(
+unsafe fn dot_f32<const R: usize, const N: usize, const PF: bool>(
     w: *const u8,
     rb: usize,
     a: &Acts,
     t0: usize,
     out: &mut [f32],
 ) {
-    dot_float::<R, N>(
+    dot_float::<R, N, PF>(
         w,
         rb,
         a,
@@ -669,14 +681,14 @@ unsafe fn dot_f32<const R: usize, const N: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_f16<const R: usize, const N: usize>(
+unsafe fn dot_f16<const R: usize, const N: usize, const PF: bool>(
     w: *const u8,
     rb: usize,
     a: &Acts,
     t0: usize,
     out: &mut [f32],
 ) {
-    dot_float::<R, N>(
+    dot_float::<R, N, PF>(
         w,
         rb,
         a,
@@ -689,14 +701,14 @@ unsafe fn dot_f16<const R: usize, const N: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_bf16<const R: usize, const N: usize>(
+unsafe fn dot_bf16<const R: usize, const N: usize, const PF: bool>(
     w: *const u8,
     rb: usize,
     a: &Acts,
     t0: usize,
     out: &mut [f32],
 ) {
-    dot_float::<R, N>(
+    dot_float::<R, N, PF>(
         w,
         rb,
         a,
@@ -706,6 +718,39 @@ unsafe fn dot_bf16<const R: usize, const N: usize>(
         |p| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(load256(p)))),
         |p| f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16),
     )
+}
+
+/// Float kernels of [`kernel`] (`PF` false) and [`streaming_kernel`] (true) as [`tiles!`] takes
+/// them.
+macro_rules! float_kernels {
+    ($($name:ident, $stream:ident => $f:ident;)*) => {$(
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name<const R: usize, const N: usize>(
+            w: *const u8,
+            rb: usize,
+            a: &Acts,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            $f::<R, N, false>(w, rb, a, t0, out)
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $stream<const R: usize, const N: usize>(
+            w: *const u8,
+            rb: usize,
+            a: &Acts,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            $f::<R, N, true>(w, rb, a, t0, out)
+        }
+    )*};
+}
+float_kernels! {
+    tile_f32, stream_f32 => dot_f32;
+    tile_f16, stream_f16 => dot_f16;
+    tile_bf16, stream_bf16 => dot_bf16;
 }
 
 // ---------------------------------------------------------------------------------------------

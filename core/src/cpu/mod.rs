@@ -98,6 +98,8 @@ use crate::quant::GgmlType;
 use crate::{Error, Result};
 
 pub(crate) use act::{ActKind, Acts};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::widen_f16_row;
 
 pub use sparse::{gather_matmul, sparse_axpy};
 

@@ -82,7 +82,7 @@ pub fn attend(
                 return;
             }
             let _ = avx2;
-            pair.run(s, out);
+            pair.run(s, out, |h, f| h.convert_to_f32_slice(f));
         });
 }
 
@@ -107,12 +107,14 @@ impl Pair<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, s: &mut Scratch, out: &mut [f32]) {
-        self.run(s, out)
+        // SAFETY: the caller guarantees AVX2 and F16C (this function's contract).
+        self.run(s, out, |h, f| unsafe { crate::cpu::widen_f16_row(h, f) })
     }
 
-    /// Writes the group's `out = softmax(scale · q·K) · V`.
+    /// Writes the group's `out = softmax(scale · q·K) · V`; `widen` converts a cached f16 row to
+    /// f32.
     #[inline(always)]
-    fn run(&self, s: &mut Scratch, out: &mut [f32]) {
+    fn run(&self, s: &mut Scratch, out: &mut [f32], widen: impl Fn(&[f16], &mut [f32])) {
         let shape = self.shape;
         let group = shape.n_head / shape.n_head_kv;
         let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
@@ -130,9 +132,7 @@ impl Pair<'_> {
         s.row.resize(hd.max(hd_v), 0.0);
         for (jj, j) in (first..=p).enumerate() {
             let k = &mut s.row[..hd];
-            self.cache
-                .key(self.il, j, self.kv_head, hd)
-                .convert_to_f32_slice(k);
+            widen(self.cache.key(self.il, j, self.kv_head, hd), k);
             for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
                 s.scores[g * n_keys + jj] = dot_f32(qh, k) * shape.scale;
             }
@@ -144,9 +144,7 @@ impl Pair<'_> {
         out.fill(0.0);
         for (jj, j) in (first..=p).enumerate() {
             let v = &mut s.row[..hd_v];
-            self.cache
-                .value(self.il, j, self.kv_head, hd_v)
-                .convert_to_f32_slice(v);
+            widen(self.cache.value(self.il, j, self.kv_head, hd_v), v);
             for (g, o) in out.chunks_exact_mut(hd_v).enumerate() {
                 let w = s.scores[g * n_keys + jj];
                 o.iter_mut().zip(v.iter()).for_each(|(o, &x)| *o += w * x);
