@@ -600,6 +600,10 @@ struct Active {
     start: Vec<u32>,
     toks: Vec<u32>,
     coefs: Vec<f32>,
+    /// For a batch with a grouped kernel, the steps of each group of [`GROUP`] listed neurons (group
+    /// `q` is `plans[plan_start[q]..plan_start[q + 1]]`), built once and shared by every task.
+    plans: Vec<Step>,
+    plan_start: Vec<u32>,
 }
 
 impl Active {
@@ -636,6 +640,35 @@ impl Active {
         }
         self.start.push(self.toks.len() as u32);
     }
+
+    /// Fills `plans`: for each group of [`GROUP`] listed neurons, its (token, neuron) pairs
+    /// ordered by token, then neuron (each token's fused multiply-adds in the neuron order of
+    /// [`AxpyKernel`] calls).
+    fn build_plans(&mut self) {
+        self.plans.clear();
+        self.plan_start.clear();
+        for j0 in (0..self.neurons.len()).step_by(GROUP) {
+            let g = (self.neurons.len() - j0).min(GROUP);
+            let first = self.plans.len();
+            self.plan_start.push(first as u32);
+            for k in 0..g {
+                let (s, e) = (self.start[j0 + k] as usize, self.start[j0 + k + 1] as usize);
+                self.plans.extend((s..e).map(|p| Step {
+                    tok: self.toks[p],
+                    j: k as u32,
+                    coef: self.coefs[p],
+                }));
+            }
+            // stable: a token's steps keep their neuron order
+            self.plans[first..].sort_by_key(|step| step.tok);
+        }
+        self.plan_start.push(self.plans.len() as u32);
+    }
+
+    /// The steps of group `q` (listed neurons `q * GROUP..`), see [`Active::build_plans`].
+    fn plan(&self, q: usize) -> &[Step] {
+        &self.plans[self.plan_start[q] as usize..self.plan_start[q + 1] as usize]
+    }
 }
 
 /// One step of a grouped batched kernel: token `tok`'s output += `coef` × the group's neuron `j`.
@@ -645,37 +678,6 @@ pub(super) struct Step {
     tok: u32,
     j: u32,
     coef: f32,
-}
-
-impl Active {
-    /// The (token, neuron) pairs of the neurons `j0..j0 + g` (`g <= GROUP`) ordered by token,
-    /// then neuron: each token's fused multiply-adds in the neuron order of [`AxpyKernel`] calls.
-    fn plan(&self, j0: usize, g: usize, plan: &mut Vec<Step>) {
-        plan.clear();
-        let mut cur = [0usize; GROUP];
-        let mut end = [0usize; GROUP];
-        for k in 0..g {
-            cur[k] = self.start[j0 + k] as usize;
-            end[k] = self.start[j0 + k + 1] as usize;
-        }
-        loop {
-            let next = (0..g)
-                .filter(|&k| cur[k] < end[k])
-                .map(|k| self.toks[cur[k]])
-                .min();
-            let Some(t) = next else { break };
-            for k in 0..g {
-                if cur[k] < end[k] && self.toks[cur[k]] == t {
-                    plan.push(Step {
-                        tok: t,
-                        j: k as u32,
-                        coef: self.coefs[cur[k]],
-                    });
-                    cur[k] += 1;
-                }
-            }
-        }
-    }
 }
 
 thread_local! {
@@ -861,6 +863,9 @@ pub(crate) fn sparse_axpy_at(
         } else {
             (None, axpy_kernel_n(level, ty))
         };
+        if kn.is_some() {
+            act.build_plans();
+        }
         let kernels = Kernels {
             one: axpy_kernel(level, ty),
             single: k1,
@@ -939,16 +944,15 @@ fn run_axpy(kernels: Kernels, w: &Matrix, act: &Active, n_tokens: usize, out: &m
             segs
         };
         if let Some(kn) = kernels.group {
-            let mut plan = Vec::new();
             let mut j = 0;
             while j < nn {
                 let g = (nn - j).min(GROUP);
                 prefetch_to(j + g + ahead);
                 let segs = group_segs(j, g);
-                act.plan(j, g, &mut plan);
+                let plan = act.plan(j / GROUP);
                 // SAFETY: as below, for each of the g segments; the plan's tokens are < n_tokens
                 // and its j < g.
-                unsafe { kn(ty, &segs[..g], &plan, c1 - c0, optr.0.add(c0), cols) };
+                unsafe { kn(ty, &segs[..g], plan, c1 - c0, optr.0.add(c0), cols) };
                 j += g;
             }
             return;
