@@ -6,8 +6,9 @@
 //!
 //! Cases: `up7b` (Llama-2-7B's gate/up as TEAL's input-major copy, 4096 × 11008, 50% active),
 //! `down7b` (its down, 11008 × 4096, 50%), `small` (the synthetic `small` ReLU model's down,
-//! 4096 × 1024, 13%), each for F16, Q8_0 and Q4_0, one token; with `HOTCOLD_BENCH_TOKENS=n`, a
-//! batch of `n` tokens whose active sets overlap (each token half the rows of a common 60%).
+//! 4096 × 1024, 13%), each for F16, Q8_0 and Q4_0, one token (and for Q4_0 `q4_0/i8`, the same
+//! product with 8-bit coefficients, [`sparse_axpy_int8`]); with `HOTCOLD_BENCH_TOKENS=n`, a batch
+//! of `n` tokens whose active sets overlap (each token half the rows of a common 60%).
 //!
 //! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
 //! shortens each measurement; `HOTCOLD_BENCH_CASES=up7b,small` picks cases.
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use common::{random_f32, time, weights};
 
-use hotcold::cpu::{matmul, simd_level, sparse_axpy, Matrix};
+use hotcold::cpu::{matmul, simd_level, sparse_axpy, sparse_axpy_int8, Matrix, SplitQ4_0};
 use hotcold::quant::GgmlType;
 
 /// One benchmark shape: `rows` inputs (neurons), `cols` outputs, a fraction `density` active.
@@ -90,7 +91,7 @@ fn main() {
         simd_level()
     );
     println!(
-        "{:<7} {:<5} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7}",
+        "{:<7} {:<7} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7}",
         "case", "type", "active", "dense µs", "dense GB/s", "axpy µs", "axpy GB/s", "GB/s÷"
     );
     for case in CASES.iter().filter(|c| {
@@ -110,20 +111,31 @@ fn main() {
             let wt_data = weights(ty, rows, cols);
             let wt = Matrix::new(ty, rows, cols, &wt_data).unwrap();
             let (a, union) = coefs(rows, n, case.density);
-            let secs = time(budget, || sparse_axpy(&wt, &a, n, &mut y).unwrap());
             let bytes = union * wt_data.len() / rows;
-            let gbs = bytes as f64 / secs / 1e9;
-            println!(
-                "{:<7} {:<5} {:>5.1}% {:>10.1} {:>9.2} {:>10.1} {:>9.2} {:>7.2}",
-                case.name,
+            let row = |label: &str, secs: f64| {
+                let gbs = bytes as f64 / secs / 1e9;
+                println!(
+                    "{:<7} {:<7} {:>5.1}% {:>10.1} {:>9.2} {:>10.1} {:>9.2} {:>7.2}",
+                    case.name,
+                    label,
+                    100.0 * union as f64 / rows as f64,
+                    dense * 1e6,
+                    dense_gbs,
+                    secs * 1e6,
+                    gbs,
+                    gbs / dense_gbs
+                );
+            };
+            row(
                 ty.name(),
-                100.0 * union as f64 / rows as f64,
-                dense * 1e6,
-                dense_gbs,
-                secs * 1e6,
-                gbs,
-                gbs / dense_gbs
+                time(budget, || sparse_axpy(&wt, &a, n, &mut y).unwrap()),
             );
+            if ty == GgmlType::Q4_0 && n == 1 {
+                // the same product with 8-bit coefficients (TEAL's Q4_0 copies)
+                let (split, out) = (SplitQ4_0::new(&wt).unwrap(), &mut y[..cols]);
+                let secs = time(budget, || sparse_axpy_int8(&split, &a, out).unwrap());
+                row("q4_0/i8", secs);
+            }
         }
     }
 }

@@ -78,6 +78,7 @@ macro_rules! tiled_kernel {
 pub mod ops;
 pub mod sparse;
 pub mod sparse_ffn;
+pub mod sparse_int8;
 
 mod act;
 #[cfg(target_arch = "x86_64")]
@@ -102,6 +103,7 @@ pub(crate) use act::{ActKind, Acts};
 pub(crate) use avx2::widen_f16_row;
 
 pub use sparse::{gather_matmul, sparse_axpy};
+pub use sparse_int8::{sparse_axpy_int8, sparse_axpy_int8_is_fast, SplitQ4_0};
 
 /// A dense row-major weight matrix in one of ggml's formats, borrowed from a GGUF file (or any byte
 /// buffer): `rows` rows of `cols` elements each, every row `ty.row_bytes(cols)` bytes.

@@ -6,8 +6,11 @@
 //! channel, quantised along the output dimension, see [`repack_type`]) and each product becomes
 //! the column-sparse `y = Σ_{i kept} x_i · W[:, i]`, i.e. [`cpu::sparse_axpy`] over the repacked
 //! matrix (AVX2/AVX-512 with a scalar fallback, parallel over fixed output ranges, deterministic:
-//! the same kernel as the FFN's neuron-major down projection). Only a session in TEAL mode pays the
-//! memory of the copies.
+//! the same kernel as the FFN's neuron-major down projection). Q4_0 copies instead go to
+//! [`cpu::sparse_axpy_int8`] where the CPU has its kernel (AVX-512 VBMI + VNNI): the kept inputs
+//! times the block scales are rounded to 8 bits, as a dense matmul rounds its inputs, and the
+//! products run as integer dot products (the float axpy that unpacks nibbles is compute-bound).
+//! Only a session in TEAL mode pays the memory of the copies.
 //!
 //! Prompt processing (a forward batch with more than one row for a sequence) stays dense unless
 //! the session asks for sparse prefill (TEAL reports that sparsifying prefill hurts).
@@ -64,25 +67,57 @@ pub struct TealOptions {
 
 /// One matrix stored input-major: `n_in` rows of `n_out` values.
 struct InputMajor {
-    ty: GgmlType,
     n_in: usize,
     n_out: usize,
-    bytes: Vec<u8>,
+    copy: Copy,
+}
+
+/// The weights of an input-major copy.
+enum Copy {
+    /// ggml blocks, for [`cpu::sparse_axpy`] (exact per term).
+    Blocks(GgmlType, Vec<u8>),
+    /// Q4_0 with the scales split out, for [`cpu::sparse_axpy_int8`] (8-bit coefficients on
+    /// integer dot products), chosen for Q4_0 copies where the CPU has its kernel.
+    Int8(cpu::SplitQ4_0),
 }
 
 impl InputMajor {
-    fn matrix(&self) -> Matrix<'_> {
-        Matrix {
-            ty: self.ty,
-            rows: self.n_in,
-            cols: self.n_out,
-            data: &self.bytes,
+    /// The copy of `bytes` (`n_in` rows of `n_out` values of `ty`): Q4_0 copies go to the
+    /// integer kernel where this CPU has it.
+    fn new(ty: GgmlType, n_in: usize, n_out: usize, bytes: Vec<u8>) -> Result<InputMajor> {
+        let copy = if ty == GgmlType::Q4_0 && cpu::sparse_axpy_int8_is_fast() {
+            Copy::Int8(cpu::SplitQ4_0::new(&Matrix::new(ty, n_in, n_out, &bytes)?)?)
+        } else {
+            Copy::Blocks(ty, bytes)
+        };
+        Ok(InputMajor { n_in, n_out, copy })
+    }
+
+    /// Bytes of the copy.
+    fn bytes(&self) -> usize {
+        match &self.copy {
+            Copy::Blocks(_, b) => b.len(),
+            Copy::Int8(s) => s.bytes(),
         }
     }
 
     /// Bytes of one input channel's column.
     fn column_bytes(&self) -> usize {
-        self.bytes.len() / self.n_in.max(1)
+        self.bytes() / self.n_in.max(1)
+    }
+
+    /// `y += Σ_i xs_i · row_i` for `n` rows of thresholded inputs.
+    fn axpy(&self, xs: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+        match &self.copy {
+            Copy::Blocks(ty, bytes) => {
+                let m = Matrix::new(*ty, self.n_in, self.n_out, bytes)?;
+                cpu::sparse_axpy(&m, xs, n, y)
+            }
+            Copy::Int8(split) => xs
+                .chunks_exact(self.n_in)
+                .zip(y.chunks_exact_mut(self.n_out))
+                .try_for_each(|(x, y)| cpu::sparse_axpy_int8(split, x, y)),
+        }
     }
 }
 
@@ -178,11 +213,7 @@ impl Teal {
 
     /// Bytes of the input-major copies.
     pub fn repacked_bytes(&self) -> u64 {
-        self.mats
-            .iter()
-            .flatten()
-            .map(|m| m.bytes.len() as u64)
-            .sum()
+        self.mats.iter().flatten().map(|m| m.bytes() as u64).sum()
     }
 
     /// `W · x` with the inputs below the threshold skipped (`n` rows; dense for a batch of more
@@ -225,7 +256,7 @@ impl Teal {
         }
         self.counters.add(il, which, kept, (n * m.n_in) as u64);
         let mut y = vec![0f32; n * m.n_out];
-        cpu::sparse_axpy(&m.matrix(), &xs, n, &mut y)?;
+        m.axpy(&xs, n, &mut y)?;
         Ok(y)
     }
 }
@@ -238,12 +269,8 @@ fn repack_layer(model: &Model, il: usize, ty: Option<GgmlType>) -> Result<[Input
         if let (Proj::Down, None, Some(w_t)) = (p, &layer.down, &layer.down_t) {
             // PowerInfer's files store down neuron-major: already input-major
             let ty = ty.unwrap_or_else(|| repack_type(w_t.ty, w_t.cols));
-            out.push(InputMajor {
-                ty,
-                n_in: w_t.rows,
-                n_out: w_t.cols,
-                bytes: reencode(&model.matrix(w_t), ty)?,
-            });
+            let bytes = reencode(&model.matrix(w_t), ty)?;
+            out.push(InputMajor::new(ty, w_t.rows, w_t.cols, bytes)?);
             continue;
         }
         let w = p.weight(layer).ok_or_else(|| Error::Tensor {
@@ -257,12 +284,7 @@ fn repack_layer(model: &Model, il: usize, ty: Option<GgmlType>) -> Result<[Input
                 tensor: w.name.clone(),
                 message: format!("cannot repack input-major as {}: {e}", ty.name()),
             })?;
-        out.push(InputMajor {
-            ty,
-            n_in: w.cols,
-            n_out: w.rows,
-            bytes,
-        });
+        out.push(InputMajor::new(ty, w.cols, w.rows, bytes)?);
     }
     Ok(out
         .try_into()

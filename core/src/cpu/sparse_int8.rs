@@ -1,0 +1,601 @@
+//! [`sparse_axpy_int8`]: the column-sparse product `out += Σ_{i : a_i ≠ 0} a_i · row_i(W_t)` over
+//! Q4_0 rows with the coefficients rounded to 8 bits, so that the sums run on integer dot-product
+//! instructions (AVX-512 VNNI) instead of decoding every weight to a float. The rows are stored as
+//! a [`SplitQ4_0`]: the same blocks with their scales moved out, so that the scales of 16 blocks
+//! load as one vector.
+//!
+//! [`sparse_axpy`](super::sparse_axpy) is exact per term but spends about ten vector operations
+//! per 32 weights decoding nibbles to floats; this operator does the same product in about a
+//! third of the operations, at the price of rounding each coefficient as a Q8_0 activation is
+//! rounded in a dense matmul. Its numerics, identical on every path:
+//!
+//! - The non-zero coefficients are taken in row order in groups of [`GROUP`] (the last group
+//!   padded with zero coefficients).
+//! - For group `g` and output block `b` (32 columns): `c_k = a_k · d_{k,b}` (f32, `d` the row's
+//!   block scale); `m = max_k |c_k|`; `q_k = round_half_even(c_k · (127 / m))` (0 when `m` is 0);
+//!   `s = m / 127`.
+//! - For each column of the block: `S = Σ_k q_k · (n_k − 8)` over the rows' 4-bit quants `n_k`
+//!   (exact, in `i32`), then `out = fma(S, s, out)`, group after group.
+//!
+//! Work is split over fixed column ranges, each walked by one task over all groups, so the result
+//! does not depend on the thread count. The AVX-512 kernel (VBMI + VNNI) interleaves four rows'
+//! quant bytes with one `vpermb` and sums four rows per `vpdpbusd`; elsewhere a scalar loop gives
+//! the same bits.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::quant::{GgmlType, QK};
+use crate::{Error, Result};
+
+use super::Matrix;
+
+/// Rows summed per integer step (two `vpdpbusd` of four rows each).
+pub const GROUP: usize = 8;
+
+/// Bytes of a block's nibbles (32 four-bit quants).
+const QUANT_BYTES: usize = 16;
+
+/// Output blocks per task at least (256 columns).
+const MIN_BLOCKS_PER_TASK: usize = 8;
+
+/// Q4_0 rows with the block scales split out: `rows × cols / 32` blocks, each 16 bytes of
+/// nibbles in ggml's order (byte `j`: element `j` low, `j + 16` high) in `quants` and its f16
+/// scale at the same index of `scales`. The same values and bytes as the Q4_0 matrix.
+pub struct SplitQ4_0 {
+    rows: usize,
+    cols: usize,
+    quants: Vec<u8>,
+    scales: Vec<f16>,
+}
+
+impl SplitQ4_0 {
+    /// Splits a Q4_0 matrix.
+    ///
+    /// Errors: [`Error::UnsupportedType`] for another type.
+    pub fn new(w: &Matrix) -> Result<SplitQ4_0> {
+        if w.ty != GgmlType::Q4_0 {
+            return Err(Error::UnsupportedType {
+                ty: w.ty.name(),
+                op: "SplitQ4_0",
+            });
+        }
+        let n_blocks = w.rows * (w.cols / QK);
+        let mut quants = Vec::with_capacity(n_blocks * QUANT_BYTES);
+        let mut scales = Vec::with_capacity(n_blocks);
+        for block in w.data.chunks_exact(2 + QUANT_BYTES) {
+            scales.push(f16::from_le_bytes([block[0], block[1]]));
+            quants.extend_from_slice(&block[2..]);
+        }
+        Ok(SplitQ4_0 {
+            rows: w.rows,
+            cols: w.cols,
+            quants,
+            scales,
+        })
+    }
+
+    /// Rows (inputs of the product).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (outputs of the product).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (as many as the Q4_0 matrix).
+    pub fn bytes(&self) -> usize {
+        self.quants.len() + 2 * self.scales.len()
+    }
+
+    /// Row `r` from block `b0` on: its quant bytes and its scales.
+    fn row_from(&self, r: usize, b0: usize) -> (&[u8], &[f16]) {
+        let nb = self.cols / QK;
+        (
+            &self.quants[(r * nb + b0) * QUANT_BYTES..(r + 1) * nb * QUANT_BYTES],
+            &self.scales[r * nb + b0..(r + 1) * nb],
+        )
+    }
+}
+
+/// Whether [`sparse_axpy_int8`] runs a SIMD kernel on this CPU (else the scalar loop, far slower
+/// than [`sparse_axpy`](super::sparse_axpy)'s SIMD paths).
+pub fn sparse_axpy_int8_is_fast() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::Level::current() >= super::Level::Avx512 && x86::has_vbmi()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `out[c] += Σ_{i : a[i] ≠ 0} a[i] · w_t[i][c]` for one token, with 8-bit coefficients (see the
+/// module docs for the exact numerics). `w_t` holds one row per entry of `a`; `out` has
+/// `w_t.cols()` values. Zero coefficients (`0.0` and `-0.0`) are skipped: their rows are not read.
+///
+/// Errors: [`Error::InvalidArgument`] for wrong `a` or `out` lengths.
+pub fn sparse_axpy_int8(w_t: &SplitQ4_0, a: &[f32], out: &mut [f32]) -> Result<()> {
+    sparse_axpy_int8_at(sparse_axpy_int8_is_fast(), w_t, a, out)
+}
+
+/// One group's rows from a task's first block on: quant bytes and scales.
+type GroupRows<'a> = ([&'a [u8]; GROUP], [&'a [f16]; GROUP]);
+
+/// [`sparse_axpy_int8`] on the SIMD kernel (`fast`, where the CPU has it) or the scalar loop.
+pub(crate) fn sparse_axpy_int8_at(
+    fast: bool,
+    w_t: &SplitQ4_0,
+    a: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    if a.len() != w_t.rows {
+        return Err(Error::InvalidArgument(format!(
+            "a has {} values, expected {} rows",
+            a.len(),
+            w_t.rows
+        )));
+    }
+    if out.len() != w_t.cols {
+        return Err(Error::InvalidArgument(format!(
+            "out has {} values, expected {} columns",
+            out.len(),
+            w_t.cols
+        )));
+    }
+    let groups = Groups::new(a);
+    if groups.rows.is_empty() {
+        return Ok(());
+    }
+    let nb = w_t.cols / QK;
+    let threads = rayon::current_num_threads().max(1);
+    let per = nb.div_ceil(threads).max(MIN_BLOCKS_PER_TASK);
+    let n_groups = groups.rows.len() / GROUP;
+    let task = |(c, out): (usize, &mut [f32])| {
+        let rows_of = |g: usize| -> GroupRows {
+            let row = |k: usize| w_t.row_from(groups.rows[g * GROUP + k] as usize, c * per);
+            (
+                std::array::from_fn(|k| row(k).0),
+                std::array::from_fn(|k| row(k).1),
+            )
+        };
+        for g in 0..n_groups {
+            let coefs: &[f32; GROUP] = groups.coefs[g * GROUP..][..GROUP].try_into().unwrap();
+            let rows = rows_of(g);
+            #[cfg(target_arch = "x86_64")]
+            if fast {
+                if g + 1 < n_groups {
+                    x86::prefetch_heads(&rows_of(g + 1));
+                }
+                // SAFETY: `fast` is only true where the CPU has the kernel's features
+                // (`sparse_axpy_int8_is_fast`); each row holds this task's blocks.
+                unsafe { x86::group(&rows, coefs, out) };
+                continue;
+            }
+            let _ = fast;
+            scalar_group(&rows, coefs, out);
+        }
+    };
+    let chunks = out.chunks_mut(per * QK).enumerate();
+    if threads == 1 || nb <= per {
+        chunks.for_each(task);
+    } else {
+        chunks.collect::<Vec<_>>().into_par_iter().for_each(task);
+    }
+    Ok(())
+}
+
+/// The non-zero coefficients and their rows, padded to whole groups with zero coefficients on
+/// the first row.
+struct Groups {
+    rows: Vec<u32>,
+    coefs: Vec<f32>,
+}
+
+impl Groups {
+    fn new(a: &[f32]) -> Groups {
+        let (mut rows, mut coefs) = (Vec::new(), Vec::new());
+        for (i, &v) in a.iter().enumerate() {
+            if v != 0.0 {
+                rows.push(i as u32);
+                coefs.push(v);
+            }
+        }
+        if let Some(&first) = rows.first() {
+            while rows.len() % GROUP != 0 {
+                rows.push(first);
+                coefs.push(0.0);
+            }
+        }
+        Groups { rows, coefs }
+    }
+}
+
+/// One group's 8-bit coefficients for block `b`: `(q_k, −8 · Σ q_k, s)`.
+fn block_coefs(
+    scales: &[&[f16]; GROUP],
+    coefs: &[f32; GROUP],
+    b: usize,
+) -> ([i8; GROUP], i32, f32) {
+    let c: [f32; GROUP] = std::array::from_fn(|k| coefs[k] * scales[k][b].to_f32());
+    // the order and the comparison of `vmaxps(m, v)`: m if m > v, else v
+    let m = c[1..]
+        .iter()
+        .fold(c[0].abs(), |m, &v| if m > v.abs() { m } else { v.abs() });
+    let inv = if m > 0.0 { 127.0 / m } else { 0.0 };
+    // `vcvtps2dq`: round half to even; out of range and NaN give i32::MIN
+    let q: [i32; GROUP] = std::array::from_fn(|k| {
+        let r = (c[k] * inv).round_ties_even();
+        if r.is_nan() || r.abs() >= 2_147_483_648.0 {
+            i32::MIN
+        } else {
+            r as i32
+        }
+    });
+    let sum = q.iter().fold(0i32, |s, &v| s.wrapping_add(v));
+    (q.map(|v| v as i8), sum.wrapping_mul(-8), m / 127.0)
+}
+
+/// The scalar path: blocks `0..out.len() / 32` of the group's rows.
+fn scalar_group(rows: &GroupRows, coefs: &[f32; GROUP], out: &mut [f32]) {
+    let (quants, scales) = rows;
+    for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+        let (q, init, s) = block_coefs(scales, coefs, b);
+        for (e, o) in o.iter_mut().enumerate() {
+            let mut sum = init;
+            for k in 0..GROUP {
+                let byte = quants[k][b * QUANT_BYTES + e % 16];
+                let nib = if e < 16 { byte & 0x0F } else { byte >> 4 };
+                sum = sum.wrapping_add(q[k] as i32 * nib as i32);
+            }
+            *o = (sum as f32).mul_add(s, *o);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The AVX-512 VBMI + VNNI kernel.
+
+    use std::arch::x86_64::*;
+
+    use super::{GroupRows, GROUP, QUANT_BYTES};
+    use crate::quant::QK;
+
+    /// Blocks whose coefficients are prepared together (one lane each).
+    const LANES: usize = 16;
+
+    /// `vpermb` indices of [`interleave4`]: byte `4l + k` of the result is byte `l` of row `k`,
+    /// i.e. source byte `16k + l`.
+    static INTERLEAVE: [u8; 64] = {
+        let mut idx = [0u8; 64];
+        let mut i = 0;
+        while i < 64 {
+            idx[i] = (16 * (i % 4) + i / 4) as u8;
+            i += 1;
+        }
+        idx
+    };
+
+    /// Bytes of each upcoming row that [`prefetch_heads`] fetches.
+    const HEAD: usize = 2048;
+
+    pub(super) fn has_vbmi() -> bool {
+        is_x86_feature_detected!("avx512vbmi")
+    }
+
+    /// Prefetches the first [`HEAD`] bytes of each row's quants and its scales.
+    pub(super) fn prefetch_heads(rows: &GroupRows) {
+        let fetch = |p: *const u8, len: usize| {
+            for off in (0..len.min(HEAD)).step_by(64) {
+                // SAFETY: prefetching has no architectural effect; SSE is x86-64's baseline.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8) };
+            }
+        };
+        for k in 0..GROUP {
+            fetch(rows.0[k].as_ptr(), rows.0[k].len());
+            fetch(rows.1[k].as_ptr() as *const u8, 2 * rows.1[k].len());
+        }
+    }
+
+    /// One group over the blocks of `out` (see the module docs), 16 blocks' coefficients at a
+    /// time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI/VBMI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    pub(super) unsafe fn group(rows: &GroupRows, coefs: &[f32; GROUP], out: &mut [f32]) {
+        let nb = out.len() / QK;
+        let (quants, scales) = rows;
+        for k in 0..GROUP {
+            assert!(quants[k].len() >= nb * QUANT_BYTES && scales[k].len() >= nb);
+        }
+        let q: [*const u8; GROUP] = std::array::from_fn(|k| quants[k].as_ptr());
+        let d: [*const u16; GROUP] = std::array::from_fn(|k| scales[k].as_ptr() as *const u16);
+        let mut b0 = 0;
+        while b0 < nb {
+            let n = (nb - b0).min(LANES);
+            let prep = prepare(&d, coefs, b0, n);
+            for j in 0..n {
+                block(&q, &prep, j, b0 + j, out.as_mut_ptr().add((b0 + j) * QK));
+            }
+            b0 += n;
+        }
+    }
+
+    /// The coefficients of 16 blocks, one lane each: quants of rows 0..4 and 4..8 as packed
+    /// bytes, `−8 · Σ q`, and the scale.
+    struct Prepared {
+        quad: [[i32; LANES]; 2],
+        init: [i32; LANES],
+        scale: [f32; LANES],
+    }
+
+    /// [`super::block_coefs`] for blocks `b0..b0 + n` (`n <= 16`) in 16 lanes.
+    #[inline(always)]
+    unsafe fn prepare(
+        d: &[*const u16; GROUP],
+        coefs: &[f32; GROUP],
+        b0: usize,
+        n: usize,
+    ) -> Prepared {
+        let mask: __mmask16 = if n == LANES { !0 } else { (1u16 << n) - 1 };
+        let c: [__m512; GROUP] = std::array::from_fn(|k| {
+            let h = _mm256_maskz_loadu_epi16(mask, d[k].add(b0) as *const i16);
+            _mm512_mul_ps(_mm512_set1_ps(coefs[k]), _mm512_cvtph_ps(h))
+        });
+        let mut m = _mm512_abs_ps(c[0]);
+        for ck in &c[1..] {
+            m = _mm512_max_ps(m, _mm512_abs_ps(*ck));
+        }
+        let k127 = _mm512_set1_ps(127.0);
+        let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, _mm512_setzero_ps());
+        let inv = _mm512_maskz_div_ps(positive, k127, m);
+        let q: [__m512i; GROUP] =
+            std::array::from_fn(|k| _mm512_cvtps_epi32(_mm512_mul_ps(c[k], inv)));
+        let mut sum = q[0];
+        for qk in &q[1..] {
+            sum = _mm512_add_epi32(sum, *qk);
+        }
+        let init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<3>(sum));
+        let byte = _mm512_set1_epi32(0xFF);
+        let pack = |q: &[__m512i]| {
+            let b1 = _mm512_slli_epi32::<8>(_mm512_and_si512(q[1], byte));
+            let b2 = _mm512_slli_epi32::<16>(_mm512_and_si512(q[2], byte));
+            let b3 = _mm512_slli_epi32::<24>(q[3]);
+            _mm512_or_si512(
+                _mm512_or_si512(_mm512_and_si512(q[0], byte), b1),
+                _mm512_or_si512(b2, b3),
+            )
+        };
+        let mut p = Prepared {
+            quad: [[0; LANES]; 2],
+            init: [0; LANES],
+            scale: [0.0; LANES],
+        };
+        _mm512_storeu_si512(p.quad[0].as_mut_ptr() as *mut __m512i, pack(&q[..4]));
+        _mm512_storeu_si512(p.quad[1].as_mut_ptr() as *mut __m512i, pack(&q[4..]));
+        _mm512_storeu_si512(p.init.as_mut_ptr() as *mut __m512i, init);
+        _mm512_storeu_ps(p.scale.as_mut_ptr(), _mm512_div_ps(m, k127));
+        p
+    }
+
+    /// Four rows' 16 quant bytes of block `b` as one vector, interleaved so that dword `l` holds
+    /// byte `l` of each row (rows in order).
+    #[inline(always)]
+    unsafe fn interleave4(q: &[*const u8], b: usize) -> __m512i {
+        let at = |k: usize| _mm_loadu_si128(q[k].add(b * QUANT_BYTES) as *const __m128i);
+        let z = _mm512_castsi128_si512(at(0));
+        let z = _mm512_inserti32x4::<1>(z, at(1));
+        let z = _mm512_inserti32x4::<2>(z, at(2));
+        let z = _mm512_inserti32x4::<3>(z, at(3));
+        _mm512_permutexvar_epi8(_mm512_loadu_si512(INTERLEAVE.as_ptr() as *const __m512i), z)
+    }
+
+    /// Block `b` (lane `j` of `prep`) of the group into `o[0..32]`.
+    #[inline(always)]
+    unsafe fn block(q: &[*const u8; GROUP], prep: &Prepared, j: usize, b: usize, o: *mut f32) {
+        let low = _mm512_set1_epi8(0x0F);
+        let init = _mm512_set1_epi32(prep.init[j]);
+        let mut lo = init;
+        let mut hi = init;
+        for (half, quad) in prep.quad.iter().enumerate() {
+            let z = interleave4(&q[4 * half..], b);
+            let c = _mm512_set1_epi32(quad[j]);
+            lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(z, low), c);
+            hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16::<4>(z), low), c);
+        }
+        let s = _mm512_set1_ps(prep.scale[j]);
+        _mm512_storeu_ps(
+            o,
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, _mm512_loadu_ps(o)),
+        );
+        let o16 = o.add(16);
+        _mm512_storeu_ps(
+            o16,
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, _mm512_loadu_ps(o16)),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{in_pool, Rng};
+    use super::*;
+    use crate::quant::{dequantize, quantize};
+
+    /// Random Q4_0 rows.
+    fn weights(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+        let f: Vec<f32> = (0..rows * cols).map(|_| rng.f()).collect();
+        let mut data = vec![0u8; rows * cols / QK * 18];
+        quantize(GgmlType::Q4_0, &f, &mut data).unwrap();
+        data
+    }
+
+    /// About `density` of the coefficients non-zero (the rest 0.0 or -0.0).
+    fn coefs(n: usize, density: f64, rng: &mut Rng) -> Vec<f32> {
+        (0..n)
+            .map(|_| match (rng.next() % 1000) as f64 >= density * 1000.0 {
+                true if rng.below(2) == 0 => 0.0,
+                true => -0.0,
+                false => rng.f() * 3.0,
+            })
+            .collect()
+    }
+
+    fn run(fast: bool, w: &Matrix, a: &[f32], out0: &[f32]) -> Vec<f32> {
+        let mut out = out0.to_vec();
+        sparse_axpy_int8_at(fast, &SplitQ4_0::new(w).unwrap(), a, &mut out).unwrap();
+        out
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The exact product in f64, and per output the bound of the coefficient rounding: each term
+    /// is off by at most `s / 2 · |n − 8| <= 4 s`, `s = max_k |c_k| / 127` per group and block.
+    fn reference(w: &Matrix, a: &[f32], out0: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let (rows, cols) = (w.rows, w.cols);
+        let mut deq = vec![0f32; rows * cols];
+        dequantize(GgmlType::Q4_0, w.data, &mut deq).unwrap();
+        let mut want: Vec<f64> = out0.iter().map(|&v| v as f64).collect();
+        let mut bound: Vec<f64> = out0.iter().map(|&v| 1e-6 * (v as f64).abs()).collect();
+        let groups = Groups::new(a);
+        let rb = cols / QK * 18;
+        for g in groups.rows.chunks(GROUP).zip(groups.coefs.chunks(GROUP)) {
+            for b in 0..cols / QK {
+                let mut m = 0f64;
+                for (&r, &c) in g.0.iter().zip(g.1) {
+                    let p = &w.data[r as usize * rb + b * 18..];
+                    let d = f16::from_bits(u16::from_le_bytes([p[0], p[1]])).to_f64();
+                    m = m.max((c as f64 * d).abs());
+                }
+                for e in b * QK..(b + 1) * QK {
+                    bound[e] += 8.0 * 4.0 * m / 127.0;
+                    for (&r, &c) in g.0.iter().zip(g.1) {
+                        let v = c as f64 * deq[r as usize * cols + e] as f64;
+                        want[e] += v;
+                        bound[e] += 1e-6 * v.abs();
+                    }
+                }
+            }
+        }
+        (want, bound)
+    }
+
+    #[test]
+    fn matches_the_exact_product_within_the_rounding_bound_and_scalar_bits() {
+        let mut rng = Rng(0x1278);
+        for cols in [32, 96, 544, 1056] {
+            let rows = 61;
+            let data = weights(rows, cols, &mut rng);
+            let w = Matrix::new(GgmlType::Q4_0, rows, cols, &data).unwrap();
+            for density in [1.0, 0.5, 0.1] {
+                let a = coefs(rows, density, &mut rng);
+                let out0: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+                let (want, bound) = reference(&w, &a, &out0);
+                let slow = run(false, &w, &a, &out0);
+                for (e, &g) in slow.iter().enumerate() {
+                    assert!(
+                        (g as f64 - want[e]).abs() <= bound[e],
+                        "cols={cols} density={density} e={e}: got {g}, want {} ± {}",
+                        want[e],
+                        bound[e]
+                    );
+                }
+                if sparse_axpy_int8_is_fast() {
+                    let fast = run(true, &w, &a, &out0);
+                    assert_eq!(bits(&slow), bits(&fast), "cols={cols} density={density}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn is_much_closer_than_the_bound_on_average() {
+        // the bound is the worst case; typical rounding errors are a few per mille of the sum
+        let mut rng = Rng(31);
+        let (rows, cols) = (512, 1024);
+        let data = weights(rows, cols, &mut rng);
+        let w = Matrix::new(GgmlType::Q4_0, rows, cols, &data).unwrap();
+        let a = coefs(rows, 0.5, &mut rng);
+        let zero = vec![0f32; cols];
+        let (want, _) = reference(&w, &a, &zero);
+        let got = run(sparse_axpy_int8_is_fast(), &w, &a, &zero);
+        let err: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, w)| (g as f64 - w).powi(2))
+            .sum();
+        let norm: f64 = want.iter().map(|w| w * w).sum();
+        let rel = (err / norm).sqrt();
+        eprintln!("int8 coefficients: relative RMS error {rel:.2e}");
+        assert!(rel < 0.01, "relative RMS error {rel}");
+    }
+
+    #[test]
+    fn is_deterministic_across_thread_counts() {
+        let mut rng = Rng(77);
+        let (rows, cols) = (300, 4096);
+        let data = weights(rows, cols, &mut rng);
+        let w = Matrix::new(GgmlType::Q4_0, rows, cols, &data).unwrap();
+        for density in [1.0, 0.1] {
+            let a = coefs(rows, density, &mut rng);
+            let out0: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let first = bits(&in_pool(1, || run(false, &w, &a, &out0)));
+            for threads in [1, 2, 3, 5] {
+                let split = SplitQ4_0::new(&w).unwrap();
+                let out = in_pool(threads, || {
+                    let mut out = out0.clone();
+                    sparse_axpy_int8(&split, &a, &mut out).unwrap();
+                    out
+                });
+                assert_eq!(first, bits(&out), "{threads} threads, density {density}");
+            }
+        }
+    }
+
+    #[test]
+    fn skipped_rows_are_not_read() {
+        let mut rng = Rng(3);
+        let (rows, cols) = (40, 96);
+        let mut data = weights(rows, cols, &mut rng);
+        let rb = cols / QK * 18;
+        let mut a = coefs(rows, 0.3, &mut rng);
+        a[7] = 0.0;
+        a[8] = -0.0;
+        for r in [7, 8] {
+            // a NaN scale in every block of the skipped rows
+            for b in 0..cols / QK {
+                data[r * rb + b * 18..][..2].copy_from_slice(&0x7e00u16.to_le_bytes());
+            }
+        }
+        let w = Matrix::new(GgmlType::Q4_0, rows, cols, &data).unwrap();
+        for fast in [false, sparse_axpy_int8_is_fast()] {
+            let out = run(fast, &w, &a, &vec![0.5; cols]);
+            assert!(out.iter().all(|v| v.is_finite()), "fast={fast}");
+            let untouched = run(fast, &w, &vec![0.0; rows], &vec![0.5; cols]);
+            assert!(untouched.iter().all(|&v| v == 0.5));
+        }
+    }
+
+    #[test]
+    fn errors() {
+        let mut rng = Rng(1);
+        let data = weights(4, 64, &mut rng);
+        let w = SplitQ4_0::new(&Matrix::new(GgmlType::Q4_0, 4, 64, &data).unwrap()).unwrap();
+        assert_eq!((w.rows(), w.cols(), w.bytes()), (4, 64, data.len()));
+        assert!(sparse_axpy_int8(&w, &[1.0; 3], &mut [0.0; 64]).is_err());
+        assert!(sparse_axpy_int8(&w, &[1.0; 4], &mut [0.0; 63]).is_err());
+        let f = vec![0u8; 4 * 64 * 4];
+        let wf = Matrix::new(GgmlType::F32, 4, 64, &f).unwrap();
+        assert!(matches!(
+            SplitQ4_0::new(&wf),
+            Err(Error::UnsupportedType { .. })
+        ));
+    }
+}
