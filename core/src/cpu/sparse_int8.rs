@@ -1,8 +1,8 @@
 //! [`sparse_axpy_int8`]: the column-sparse product `out += Σ_{i : a_i ≠ 0} a_i · row_i(W_t)` over
 //! Q4_0 rows with the coefficients rounded to 8 bits, so that the sums run on integer dot-product
 //! instructions (AVX-512 VNNI) instead of decoding every weight to a float. The rows are stored as
-//! a [`SplitQ4_0`]: the same blocks with their scales moved out, so that the scales of 16 blocks
-//! load as one vector.
+//! a [`SplitQ4_0`]: the same blocks with the scales of every 16 blocks gathered in front of their
+//! nibbles, so that they load as one vector from the row's one stream.
 //!
 //! [`sparse_axpy`](super::sparse_axpy) is exact per term but spends about ten vector operations
 //! per 32 weights decoding nibbles to floats; this operator does the same product in about a
@@ -36,21 +36,24 @@ pub const GROUP: usize = 8;
 /// Bytes of a block's nibbles (32 four-bit quants).
 const QUANT_BYTES: usize = 16;
 
-/// Output blocks per task at least (256 columns).
-const MIN_BLOCKS_PER_TASK: usize = 8;
+/// Bytes of a block: its f16 scale and its nibbles.
+const BLOCK_BYTES: usize = 2 + QUANT_BYTES;
 
-/// Q4_0 rows with the block scales split out: `rows × cols / 32` blocks, each 16 bytes of
-/// nibbles in ggml's order (byte `j`: element `j` low, `j + 16` high) in `quants` and its f16
-/// scale at the same index of `scales`. The same values and bytes as the Q4_0 matrix.
+/// Blocks per chunk of a [`SplitQ4_0`] row (their scales fill one 256-bit load).
+const CHUNK: usize = 16;
+
+/// Q4_0 rows regrouped in chunks of [`CHUNK`] blocks: each chunk of `n` blocks (16, fewer in a
+/// row's last) is the blocks' `n` f16 scales followed by their `n × 16` bytes of nibbles in
+/// ggml's order (byte `j`: element `j` low, `j + 16` high). The same values and as many bytes as
+/// the Q4_0 matrix, in one stream per row.
 pub struct SplitQ4_0 {
     rows: usize,
     cols: usize,
-    quants: Vec<u8>,
-    scales: Vec<f16>,
+    data: Vec<u8>,
 }
 
 impl SplitQ4_0 {
-    /// Splits a Q4_0 matrix.
+    /// Regroups a Q4_0 matrix.
     ///
     /// Errors: [`Error::UnsupportedType`] for another type.
     pub fn new(w: &Matrix) -> Result<SplitQ4_0> {
@@ -60,18 +63,21 @@ impl SplitQ4_0 {
                 op: "SplitQ4_0",
             });
         }
-        let n_blocks = w.rows * (w.cols / QK);
-        let mut quants = Vec::with_capacity(n_blocks * QUANT_BYTES);
-        let mut scales = Vec::with_capacity(n_blocks);
-        for block in w.data.chunks_exact(2 + QUANT_BYTES) {
-            scales.push(f16::from_le_bytes([block[0], block[1]]));
-            quants.extend_from_slice(&block[2..]);
+        let mut data = Vec::with_capacity(w.data.len());
+        for row in w.data.chunks_exact(w.cols / QK * BLOCK_BYTES) {
+            for chunk in row.chunks(CHUNK * BLOCK_BYTES) {
+                for block in chunk.chunks_exact(BLOCK_BYTES) {
+                    data.extend_from_slice(&block[..2]);
+                }
+                for block in chunk.chunks_exact(BLOCK_BYTES) {
+                    data.extend_from_slice(&block[2..]);
+                }
+            }
         }
         Ok(SplitQ4_0 {
             rows: w.rows,
             cols: w.cols,
-            quants,
-            scales,
+            data,
         })
     }
 
@@ -87,17 +93,20 @@ impl SplitQ4_0 {
 
     /// Bytes held (as many as the Q4_0 matrix).
     pub fn bytes(&self) -> usize {
-        self.quants.len() + 2 * self.scales.len()
+        self.data.len()
     }
 
-    /// Row `r` from block `b0` on: its quant bytes and its scales.
-    fn row_from(&self, r: usize, b0: usize) -> (&[u8], &[f16]) {
-        let nb = self.cols / QK;
-        (
-            &self.quants[(r * nb + b0) * QUANT_BYTES..(r + 1) * nb * QUANT_BYTES],
-            &self.scales[r * nb + b0..(r + 1) * nb],
-        )
+    /// Row `r` from block `b0` (a multiple of [`CHUNK`]) on.
+    fn row_from(&self, r: usize, b0: usize) -> &[u8] {
+        let rb = self.cols / QK * BLOCK_BYTES;
+        &self.data[r * rb + b0 * BLOCK_BYTES..(r + 1) * rb]
     }
+}
+
+/// Where block `j` of a chunk of `n` blocks keeps its scale and its nibbles, from the chunk's
+/// start.
+fn chunk_offsets(n: usize, j: usize) -> (usize, usize) {
+    (2 * j, 2 * n + QUANT_BYTES * j)
 }
 
 /// Whether [`sparse_axpy_int8`] runs a SIMD kernel on this CPU (else the scalar loop, far slower
@@ -121,9 +130,6 @@ pub fn sparse_axpy_int8_is_fast() -> bool {
 pub fn sparse_axpy_int8(w_t: &SplitQ4_0, a: &[f32], out: &mut [f32]) -> Result<()> {
     sparse_axpy_int8_at(sparse_axpy_int8_is_fast(), w_t, a, out)
 }
-
-/// One group's rows from a task's first block on: quant bytes and scales.
-type GroupRows<'a> = ([&'a [u8]; GROUP], [&'a [f16]; GROUP]);
 
 /// [`sparse_axpy_int8`] on the SIMD kernel (`fast`, where the CPU has it) or the scalar loop.
 pub(crate) fn sparse_axpy_int8_at(
@@ -150,17 +156,14 @@ pub(crate) fn sparse_axpy_int8_at(
     if groups.rows.is_empty() {
         return Ok(());
     }
+    // blocks per task: whole chunks, one range per thread
     let nb = w_t.cols / QK;
     let threads = rayon::current_num_threads().max(1);
-    let per = nb.div_ceil(threads).max(MIN_BLOCKS_PER_TASK);
+    let per = nb.div_ceil(threads).div_ceil(CHUNK).max(1) * CHUNK;
     let n_groups = groups.rows.len() / GROUP;
     let task = |(c, out): (usize, &mut [f32])| {
-        let rows_of = |g: usize| -> GroupRows {
-            let row = |k: usize| w_t.row_from(groups.rows[g * GROUP + k] as usize, c * per);
-            (
-                std::array::from_fn(|k| row(k).0),
-                std::array::from_fn(|k| row(k).1),
-            )
+        let rows_of = |g: usize| -> [&[u8]; GROUP] {
+            std::array::from_fn(|k| w_t.row_from(groups.rows[g * GROUP + k] as usize, c * per))
         };
         for g in 0..n_groups {
             let coefs: &[f32; GROUP] = groups.coefs[g * GROUP..][..GROUP].try_into().unwrap();
@@ -214,13 +217,9 @@ impl Groups {
     }
 }
 
-/// One group's 8-bit coefficients for block `b`: `(q_k, −8 · Σ q_k, s)`.
-fn block_coefs(
-    scales: &[&[f16]; GROUP],
-    coefs: &[f32; GROUP],
-    b: usize,
-) -> ([i8; GROUP], i32, f32) {
-    let c: [f32; GROUP] = std::array::from_fn(|k| coefs[k] * scales[k][b].to_f32());
+/// One group's 8-bit coefficients for one block from its rows' scales: `(q_k, −8 · Σ q_k, s)`.
+fn block_coefs(d: [f16; GROUP], coefs: &[f32; GROUP]) -> ([i8; GROUP], i32, f32) {
+    let c: [f32; GROUP] = std::array::from_fn(|k| coefs[k] * d[k].to_f32());
     // the order and the comparison of `vmaxps(m, v)`: m if m > v, else v
     let m = c[1..]
         .iter()
@@ -240,14 +239,18 @@ fn block_coefs(
 }
 
 /// The scalar path: blocks `0..out.len() / 32` of the group's rows.
-fn scalar_group(rows: &GroupRows, coefs: &[f32; GROUP], out: &mut [f32]) {
-    let (quants, scales) = rows;
+fn scalar_group(rows: &[&[u8]; GROUP], coefs: &[f32; GROUP], out: &mut [f32]) {
+    let nb = out.len() / QK;
     for (b, o) in out.chunks_exact_mut(QK).enumerate() {
-        let (q, init, s) = block_coefs(scales, coefs, b);
+        let (chunk, j) = (b / CHUNK * CHUNK, b % CHUNK);
+        let (d_at, q_at) = chunk_offsets((nb - chunk).min(CHUNK), j);
+        let at = |k: usize, off: usize| &rows[k][chunk * BLOCK_BYTES + off..];
+        let d = std::array::from_fn(|k| f16::from_le_bytes([at(k, d_at)[0], at(k, d_at)[1]]));
+        let (q, init, s) = block_coefs(d, coefs);
         for (e, o) in o.iter_mut().enumerate() {
             let mut sum = init;
             for k in 0..GROUP {
-                let byte = quants[k][b * QUANT_BYTES + e % 16];
+                let byte = at(k, q_at)[e % 16];
                 let nib = if e < 16 { byte & 0x0F } else { byte >> 4 };
                 sum = sum.wrapping_add(q[k] as i32 * nib as i32);
             }
@@ -262,11 +265,8 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{GroupRows, GROUP, QUANT_BYTES};
+    use super::{chunk_offsets, BLOCK_BYTES, CHUNK, GROUP};
     use crate::quant::QK;
-
-    /// Blocks whose coefficients are prepared together (one lane each).
-    const LANES: usize = 16;
 
     /// `vpermb` indices of [`interleave4`]: byte `4l + k` of the result is byte `l` of row `k`,
     /// i.e. source byte `16k + l`.
@@ -281,70 +281,60 @@ mod x86 {
     };
 
     /// Bytes of each upcoming row that [`prefetch_heads`] fetches.
-    const HEAD: usize = 2048;
+    const HEAD: usize = 512;
 
     pub(super) fn has_vbmi() -> bool {
         is_x86_feature_detected!("avx512vbmi")
     }
 
-    /// Prefetches the first [`HEAD`] bytes of each row's quants and its scales.
-    pub(super) fn prefetch_heads(rows: &GroupRows) {
-        let fetch = |p: *const u8, len: usize| {
-            for off in (0..len.min(HEAD)).step_by(64) {
+    /// Prefetches the first [`HEAD`] bytes of each row.
+    pub(super) fn prefetch_heads(rows: &[&[u8]; GROUP]) {
+        for r in rows {
+            for off in (0..r.len().min(HEAD)).step_by(64) {
                 // SAFETY: prefetching has no architectural effect; SSE is x86-64's baseline.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8) };
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(r.as_ptr().add(off) as *const i8) };
             }
-        };
-        for k in 0..GROUP {
-            fetch(rows.0[k].as_ptr(), rows.0[k].len());
-            fetch(rows.1[k].as_ptr() as *const u8, 2 * rows.1[k].len());
         }
     }
 
-    /// One group over the blocks of `out` (see the module docs), 16 blocks' coefficients at a
-    /// time.
+    /// One group over the blocks of `out` (see the module docs), chunk by chunk.
     ///
     /// # Safety
-    /// The CPU must have AVX-512 F/BW/VL/VNNI/VBMI.
+    /// The CPU must have AVX-512 F/BW/VL/VNNI/VBMI and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    pub(super) unsafe fn group(rows: &GroupRows, coefs: &[f32; GROUP], out: &mut [f32]) {
+    pub(super) unsafe fn group(rows: &[&[u8]; GROUP], coefs: &[f32; GROUP], out: &mut [f32]) {
         let nb = out.len() / QK;
-        let (quants, scales) = rows;
-        for k in 0..GROUP {
-            assert!(quants[k].len() >= nb * QUANT_BYTES && scales[k].len() >= nb);
+        for r in rows {
+            assert!(r.len() >= nb * BLOCK_BYTES);
         }
-        let q: [*const u8; GROUP] = std::array::from_fn(|k| quants[k].as_ptr());
-        let d: [*const u16; GROUP] = std::array::from_fn(|k| scales[k].as_ptr() as *const u16);
         let mut b0 = 0;
         while b0 < nb {
-            let n = (nb - b0).min(LANES);
-            let prep = prepare(&d, coefs, b0, n);
+            let n = (nb - b0).min(CHUNK);
+            let chunk: [*const u8; GROUP] =
+                std::array::from_fn(|k| rows[k].as_ptr().add(b0 * BLOCK_BYTES));
+            let prep = prepare(&chunk, coefs, n);
             for j in 0..n {
-                block(&q, &prep, j, b0 + j, out.as_mut_ptr().add((b0 + j) * QK));
+                let quants = chunk.map(|c| c.add(chunk_offsets(n, j).1));
+                block(&quants, &prep, j, out.as_mut_ptr().add((b0 + j) * QK));
             }
             b0 += n;
         }
     }
 
-    /// The coefficients of 16 blocks, one lane each: quants of rows 0..4 and 4..8 as packed
-    /// bytes, `−8 · Σ q`, and the scale.
+    /// The coefficients of a chunk's blocks, one lane each: quants of rows 0..4 and 4..8 as
+    /// packed bytes, `−8 · Σ q`, and the scale.
     struct Prepared {
-        quad: [[i32; LANES]; 2],
-        init: [i32; LANES],
-        scale: [f32; LANES],
+        quad: [[i32; CHUNK]; 2],
+        init: [i32; CHUNK],
+        scale: [f32; CHUNK],
     }
 
-    /// [`super::block_coefs`] for blocks `b0..b0 + n` (`n <= 16`) in 16 lanes.
+    /// [`super::block_coefs`] for the `n` blocks of the chunks at `chunk` in 16 lanes.
     #[inline(always)]
-    unsafe fn prepare(
-        d: &[*const u16; GROUP],
-        coefs: &[f32; GROUP],
-        b0: usize,
-        n: usize,
-    ) -> Prepared {
-        let mask: __mmask16 = if n == LANES { !0 } else { (1u16 << n) - 1 };
+    unsafe fn prepare(chunk: &[*const u8; GROUP], coefs: &[f32; GROUP], n: usize) -> Prepared {
+        let mask: __mmask16 = if n == CHUNK { !0 } else { (1u16 << n) - 1 };
         let c: [__m512; GROUP] = std::array::from_fn(|k| {
-            let h = _mm256_maskz_loadu_epi16(mask, d[k].add(b0) as *const i16);
+            let h = _mm256_maskz_loadu_epi16(mask, chunk[k] as *const i16);
             _mm512_mul_ps(_mm512_set1_ps(coefs[k]), _mm512_cvtph_ps(h))
         });
         let mut m = _mm512_abs_ps(c[0]);
@@ -372,9 +362,9 @@ mod x86 {
             )
         };
         let mut p = Prepared {
-            quad: [[0; LANES]; 2],
-            init: [0; LANES],
-            scale: [0.0; LANES],
+            quad: [[0; CHUNK]; 2],
+            init: [0; CHUNK],
+            scale: [0.0; CHUNK],
         };
         _mm512_storeu_si512(p.quad[0].as_mut_ptr() as *mut __m512i, pack(&q[..4]));
         _mm512_storeu_si512(p.quad[1].as_mut_ptr() as *mut __m512i, pack(&q[4..]));
@@ -383,11 +373,11 @@ mod x86 {
         p
     }
 
-    /// Four rows' 16 quant bytes of block `b` as one vector, interleaved so that dword `l` holds
-    /// byte `l` of each row (rows in order).
+    /// Four rows' 16 quant bytes as one vector, interleaved so that dword `l` holds byte `l` of
+    /// each row (rows in order).
     #[inline(always)]
-    unsafe fn interleave4(q: &[*const u8], b: usize) -> __m512i {
-        let at = |k: usize| _mm_loadu_si128(q[k].add(b * QUANT_BYTES) as *const __m128i);
+    unsafe fn interleave4(q: &[*const u8]) -> __m512i {
+        let at = |k: usize| _mm_loadu_si128(q[k] as *const __m128i);
         let z = _mm512_castsi128_si512(at(0));
         let z = _mm512_inserti32x4::<1>(z, at(1));
         let z = _mm512_inserti32x4::<2>(z, at(2));
@@ -395,15 +385,15 @@ mod x86 {
         _mm512_permutexvar_epi8(_mm512_loadu_si512(INTERLEAVE.as_ptr() as *const __m512i), z)
     }
 
-    /// Block `b` (lane `j` of `prep`) of the group into `o[0..32]`.
+    /// One block (lane `j` of `prep`, nibbles at `quants`) of the group into `o[0..32]`.
     #[inline(always)]
-    unsafe fn block(q: &[*const u8; GROUP], prep: &Prepared, j: usize, b: usize, o: *mut f32) {
+    unsafe fn block(quants: &[*const u8; GROUP], prep: &Prepared, j: usize, o: *mut f32) {
         let low = _mm512_set1_epi8(0x0F);
         let init = _mm512_set1_epi32(prep.init[j]);
         let mut lo = init;
         let mut hi = init;
         for (half, quad) in prep.quad.iter().enumerate() {
-            let z = interleave4(&q[4 * half..], b);
+            let z = interleave4(&quants[4 * half..]);
             let c = _mm512_set1_epi32(quad[j]);
             lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(z, low), c);
             hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16::<4>(z), low), c);
