@@ -249,10 +249,10 @@ fn scalar_group(rows: &[&[u8]; GROUP], coefs: &[f32; GROUP], out: &mut [f32]) {
         let (q, init, s) = block_coefs(d, coefs);
         for (e, o) in o.iter_mut().enumerate() {
             let mut sum = init;
-            for k in 0..GROUP {
+            for (k, &qk) in q.iter().enumerate() {
                 let byte = at(k, q_at)[e % 16];
                 let nib = if e < 16 { byte & 0x0F } else { byte >> 4 };
-                sum = sum.wrapping_add(q[k] as i32 * nib as i32);
+                sum = sum.wrapping_add(qk as i32 * nib as i32);
             }
             *o = (sum as f32).mul_add(s, *o);
         }
