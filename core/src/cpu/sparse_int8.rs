@@ -19,8 +19,8 @@
 //!
 //! Work is split over fixed column ranges, each walked by one task over all groups, so the result
 //! does not depend on the thread count. The AVX-512 kernel (VBMI + VNNI) interleaves four rows'
-//! quant bytes with one `vpermb` and sums four rows per `vpdpbusd`; elsewhere a scalar loop gives
-//! the same bits.
+//! quant bytes with one `vpermb` and sums four rows per `vpdpbusd`; the AVX2 kernel interleaves
+//! with unpacks and sums with `vpmaddubsw` + `vpmaddwd`; a scalar loop gives the same bits.
 
 use half::f16;
 use rayon::prelude::*;
@@ -109,17 +109,45 @@ fn chunk_offsets(n: usize, j: usize) -> (usize, usize) {
     (2 * j, 2 * n + QUANT_BYTES * j)
 }
 
-/// Whether [`sparse_axpy_int8`] runs a SIMD kernel on this CPU (else the scalar loop, far slower
-/// than [`sparse_axpy`](super::sparse_axpy)'s SIMD paths).
+/// The kernels of [`sparse_axpy_int8`], all giving the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Portable Rust.
+    Scalar,
+    /// AVX2 (`vpmaddubsw` + `vpmaddwd` for the integer sums).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    /// AVX-512 VBMI + VNNI (`vpermb` + `vpdpbusd`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+impl Path {
+    /// The paths this CPU can run at the kernels' current level, fastest first.
+    pub(crate) fn available() -> Vec<Path> {
+        #[cfg(target_arch = "x86_64")]
+        let level = super::Level::current();
+        #[cfg(target_arch = "x86_64")]
+        let simd = [
+            (
+                Path::Avx512,
+                level >= super::Level::Avx512 && x86::has_vbmi(),
+            ),
+            (Path::Avx2, level >= super::Level::Avx2),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd: [(Path, bool); 0] = [];
+        simd.into_iter()
+            .filter_map(|(path, ok)| ok.then_some(path))
+            .chain([Path::Scalar])
+            .collect()
+    }
+}
+
+/// Whether [`sparse_axpy_int8`] runs a SIMD kernel here (AVX2 or AVX-512 VBMI + VNNI; else the
+/// scalar loop, far slower than [`sparse_axpy`](super::sparse_axpy)'s SIMD paths).
 pub fn sparse_axpy_int8_is_fast() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::Level::current() >= super::Level::Avx512 && x86::has_vbmi()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Path::available()[0] != Path::Scalar
 }
 
 /// `out[c] += Σ_{i : a[i] ≠ 0} a[i] · w_t[i][c]` for one token, with 8-bit coefficients (see the
@@ -128,12 +156,12 @@ pub fn sparse_axpy_int8_is_fast() -> bool {
 ///
 /// Errors: [`Error::InvalidArgument`] for wrong `a` or `out` lengths.
 pub fn sparse_axpy_int8(w_t: &SplitQ4_0, a: &[f32], out: &mut [f32]) -> Result<()> {
-    sparse_axpy_int8_at(sparse_axpy_int8_is_fast(), w_t, a, out)
+    sparse_axpy_int8_at(Path::available()[0], w_t, a, out)
 }
 
-/// [`sparse_axpy_int8`] on the SIMD kernel (`fast`, where the CPU has it) or the scalar loop.
+/// [`sparse_axpy_int8`] on the kernel `path` (one of [`Path::available`]).
 pub(crate) fn sparse_axpy_int8_at(
-    fast: bool,
+    path: Path,
     w_t: &SplitQ4_0,
     a: &[f32],
     out: &mut [f32],
@@ -169,16 +197,21 @@ pub(crate) fn sparse_axpy_int8_at(
             let coefs: &[f32; GROUP] = groups.coefs[g * GROUP..][..GROUP].try_into().unwrap();
             let rows = rows_of(g);
             #[cfg(target_arch = "x86_64")]
-            if fast {
+            if path != Path::Scalar {
                 if g + 1 < n_groups {
                     x86::prefetch_heads(&rows_of(g + 1));
                 }
-                // SAFETY: `fast` is only true where the CPU has the kernel's features
-                // (`sparse_axpy_int8_is_fast`); each row holds this task's blocks.
-                unsafe { x86::group(&rows, coefs, out) };
+                // SAFETY: `path` is one of `Path::available()`, so the CPU has its features;
+                // each row holds this task's blocks.
+                unsafe {
+                    match path {
+                        Path::Avx512 => x86::group_avx512(&rows, coefs, out),
+                        _ => x86::group_avx2(&rows, coefs, out),
+                    }
+                };
                 continue;
             }
-            let _ = fast;
+            let _ = path; // only the scalar loop off x86-64
             scalar_group(&rows, coefs, out);
         }
     };
@@ -261,7 +294,7 @@ fn scalar_group(rows: &[&[u8]; GROUP], coefs: &[f32; GROUP], out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The AVX-512 VBMI + VNNI kernel.
+    //! The AVX-512 VBMI + VNNI and AVX2 kernels.
 
     use std::arch::x86_64::*;
 
@@ -297,12 +330,15 @@ mod x86 {
         }
     }
 
-    /// One group over the blocks of `out` (see the module docs), chunk by chunk.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F/BW/VL/VNNI/VBMI and F16C.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
-    pub(super) unsafe fn group(rows: &[&[u8]; GROUP], coefs: &[f32; GROUP], out: &mut [f32]) {
+    /// One group over the blocks of `out` (see the module docs), chunk by chunk: `prepare` gives
+    /// a chunk's coefficients, `block` adds block `j` (nibbles at the given row pointers).
+    #[inline(always)]
+    unsafe fn group(
+        rows: &[&[u8]; GROUP],
+        out: &mut [f32],
+        prepare: impl Fn(&[*const u8; GROUP], usize) -> Prepared,
+        block: impl Fn(&[*const u8; GROUP], &Prepared, usize, *mut f32),
+    ) {
         let nb = out.len() / QK;
         for r in rows {
             assert!(r.len() >= nb * BLOCK_BYTES);
@@ -312,12 +348,143 @@ mod x86 {
             let n = (nb - b0).min(CHUNK);
             let chunk: [*const u8; GROUP] =
                 std::array::from_fn(|k| rows[k].as_ptr().add(b0 * BLOCK_BYTES));
-            let prep = prepare(&chunk, coefs, n);
+            let prep = prepare(&chunk, n);
             for j in 0..n {
                 let quants = chunk.map(|c| c.add(chunk_offsets(n, j).1));
                 block(&quants, &prep, j, out.as_mut_ptr().add((b0 + j) * QK));
             }
             b0 += n;
+        }
+    }
+
+    /// [`group`] on AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI/VBMI and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,f16c")]
+    pub(super) unsafe fn group_avx512(
+        rows: &[&[u8]; GROUP],
+        coefs: &[f32; GROUP],
+        out: &mut [f32],
+    ) {
+        group(
+            rows,
+            out,
+            |chunk, n| prepare(chunk, coefs, n),
+            |q, prep, j, o| block(q, prep, j, o),
+        )
+    }
+
+    /// [`group`] on AVX2.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn group_avx2(rows: &[&[u8]; GROUP], coefs: &[f32; GROUP], out: &mut [f32]) {
+        group(
+            rows,
+            out,
+            |chunk, n| prepare_avx2(chunk, coefs, n),
+            |q, prep, j, o| block_avx2(q, prep, j, o),
+        )
+    }
+
+    /// [`prepare`] on AVX2: the same operations on two halves of 8 lanes.
+    #[inline(always)]
+    unsafe fn prepare_avx2(chunk: &[*const u8; GROUP], coefs: &[f32; GROUP], n: usize) -> Prepared {
+        let mut p = Prepared {
+            quad: [[0; CHUNK]; 2],
+            init: [0; CHUNK],
+            scale: [0.0; CHUNK],
+        };
+        for half in 0..2 {
+            let lanes = n.saturating_sub(8 * half).min(8);
+            let c: [__m256; GROUP] = std::array::from_fn(|k| {
+                let mut h = [0u16; 8];
+                std::ptr::copy_nonoverlapping(
+                    (chunk[k] as *const u16).add(8 * half),
+                    h.as_mut_ptr(),
+                    lanes,
+                );
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+                _mm256_mul_ps(_mm256_set1_ps(coefs[k]), d)
+            });
+            let abs = |v: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
+            let mut m = abs(c[0]);
+            for ck in &c[1..] {
+                m = _mm256_max_ps(m, abs(*ck));
+            }
+            let k127 = _mm256_set1_ps(127.0);
+            let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(m, _mm256_setzero_ps());
+            let inv = _mm256_and_ps(_mm256_div_ps(k127, m), positive);
+            let q: [__m256i; GROUP] =
+                std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(c[k], inv)));
+            let mut sum = q[0];
+            for qk in &q[1..] {
+                sum = _mm256_add_epi32(sum, *qk);
+            }
+            let init = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(sum));
+            let byte = _mm256_set1_epi32(0xFF);
+            let pack = |q: &[__m256i]| {
+                let b1 = _mm256_slli_epi32::<8>(_mm256_and_si256(q[1], byte));
+                let b2 = _mm256_slli_epi32::<16>(_mm256_and_si256(q[2], byte));
+                let b3 = _mm256_slli_epi32::<24>(q[3]);
+                _mm256_or_si256(
+                    _mm256_or_si256(_mm256_and_si256(q[0], byte), b1),
+                    _mm256_or_si256(b2, b3),
+                )
+            };
+            let at = 8 * half;
+            _mm256_storeu_si256(p.quad[0][at..].as_mut_ptr() as *mut __m256i, pack(&q[..4]));
+            _mm256_storeu_si256(p.quad[1][at..].as_mut_ptr() as *mut __m256i, pack(&q[4..]));
+            _mm256_storeu_si256(p.init[at..].as_mut_ptr() as *mut __m256i, init);
+            _mm256_storeu_ps(p.scale[at..].as_mut_ptr(), _mm256_div_ps(m, k127));
+        }
+        p
+    }
+
+    /// [`block`] on AVX2: the four rows interleaved with byte and word unpacks, the integer sums
+    /// as `vpmaddubsw` (two products, at most 2 · 15 · 127 in magnitude: no saturation) then
+    /// `vpmaddwd` by ones: the same i32 sums as `vpdpbusd`.
+    #[inline(always)]
+    unsafe fn block_avx2(quants: &[*const u8; GROUP], prep: &Prepared, j: usize, o: *mut f32) {
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let init = _mm256_set1_epi32(prep.init[j]);
+        // [columns 0..8, 8..16, 16..24, 24..32]
+        let mut acc = [init; 4];
+        for (half, quad) in prep.quad.iter().enumerate() {
+            let r: [__m128i; 4] =
+                std::array::from_fn(|k| _mm_loadu_si128(quants[4 * half + k] as *const __m128i));
+            let (a_lo, a_hi) = (_mm_unpacklo_epi8(r[0], r[1]), _mm_unpackhi_epi8(r[0], r[1]));
+            let (b_lo, b_hi) = (_mm_unpacklo_epi8(r[2], r[3]), _mm_unpackhi_epi8(r[2], r[3]));
+            // dword l of z0 / z1: byte l / 8 + l of each row
+            let z0 = _mm256_set_m128i(
+                _mm_unpackhi_epi16(a_lo, b_lo),
+                _mm_unpacklo_epi16(a_lo, b_lo),
+            );
+            let z1 = _mm256_set_m128i(
+                _mm_unpackhi_epi16(a_hi, b_hi),
+                _mm_unpacklo_epi16(a_hi, b_hi),
+            );
+            let c = _mm256_set1_epi32(quad[j]);
+            let dot = |u: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(u, c), ones);
+            let nib = |z: __m256i, high: bool| {
+                let z = if high { _mm256_srli_epi16::<4>(z) } else { z };
+                _mm256_and_si256(z, low)
+            };
+            acc[0] = _mm256_add_epi32(acc[0], dot(nib(z0, false)));
+            acc[1] = _mm256_add_epi32(acc[1], dot(nib(z1, false)));
+            acc[2] = _mm256_add_epi32(acc[2], dot(nib(z0, true)));
+            acc[3] = _mm256_add_epi32(acc[3], dot(nib(z1, true)));
+        }
+        let s = _mm256_set1_ps(prep.scale[j]);
+        for (i, a) in acc.iter().enumerate() {
+            let oi = o.add(8 * i);
+            _mm256_storeu_ps(
+                oi,
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(*a), s, _mm256_loadu_ps(oi)),
+            );
         }
     }
 
@@ -436,9 +603,9 @@ mod tests {
             .collect()
     }
 
-    fn run(fast: bool, w: &Matrix, a: &[f32], out0: &[f32]) -> Vec<f32> {
+    fn run(path: Path, w: &Matrix, a: &[f32], out0: &[f32]) -> Vec<f32> {
         let mut out = out0.to_vec();
-        sparse_axpy_int8_at(fast, &SplitQ4_0::new(w).unwrap(), a, &mut out).unwrap();
+        sparse_axpy_int8_at(path, &SplitQ4_0::new(w).unwrap(), a, &mut out).unwrap();
         out
     }
 
@@ -488,7 +655,7 @@ mod tests {
                 let a = coefs(rows, density, &mut rng);
                 let out0: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
                 let (want, bound) = reference(&w, &a, &out0);
-                let slow = run(false, &w, &a, &out0);
+                let slow = run(Path::Scalar, &w, &a, &out0);
                 for (e, &g) in slow.iter().enumerate() {
                     assert!(
                         (g as f64 - want[e]).abs() <= bound[e],
@@ -497,9 +664,13 @@ mod tests {
                         bound[e]
                     );
                 }
-                if sparse_axpy_int8_is_fast() {
-                    let fast = run(true, &w, &a, &out0);
-                    assert_eq!(bits(&slow), bits(&fast), "cols={cols} density={density}");
+                for path in Path::available() {
+                    let got = run(path, &w, &a, &out0);
+                    assert_eq!(
+                        bits(&slow),
+                        bits(&got),
+                        "{path:?} cols={cols} density={density}"
+                    );
                 }
             }
         }
@@ -515,7 +686,7 @@ mod tests {
         let a = coefs(rows, 0.5, &mut rng);
         let zero = vec![0f32; cols];
         let (want, _) = reference(&w, &a, &zero);
-        let got = run(sparse_axpy_int8_is_fast(), &w, &a, &zero);
+        let got = run(Path::available()[0], &w, &a, &zero);
         let err: f64 = got
             .iter()
             .zip(&want)
@@ -536,7 +707,7 @@ mod tests {
         for density in [1.0, 0.1] {
             let a = coefs(rows, density, &mut rng);
             let out0: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
-            let first = bits(&in_pool(1, || run(false, &w, &a, &out0)));
+            let first = bits(&in_pool(1, || run(Path::Scalar, &w, &a, &out0)));
             for threads in [1, 2, 3, 5] {
                 let split = SplitQ4_0::new(&w).unwrap();
                 let out = in_pool(threads, || {
@@ -565,10 +736,10 @@ mod tests {
             }
         }
         let w = Matrix::new(GgmlType::Q4_0, rows, cols, &data).unwrap();
-        for fast in [false, sparse_axpy_int8_is_fast()] {
-            let out = run(fast, &w, &a, &vec![0.5; cols]);
-            assert!(out.iter().all(|v| v.is_finite()), "fast={fast}");
-            let untouched = run(fast, &w, &vec![0.0; rows], &vec![0.5; cols]);
+        for path in Path::available() {
+            let out = run(path, &w, &a, &vec![0.5; cols]);
+            assert!(out.iter().all(|v| v.is_finite()), "{path:?}");
+            let untouched = run(path, &w, &vec![0.0; rows], &vec![0.5; cols]);
             assert!(untouched.iter().all(|&v| v == 0.5));
         }
     }

@@ -7,7 +7,7 @@
 //! the column-sparse `y = Σ_{i kept} x_i · W[:, i]`, i.e. [`cpu::sparse_axpy`] over the repacked
 //! matrix (AVX2/AVX-512 with a scalar fallback, parallel over fixed output ranges, deterministic:
 //! the same kernel as the FFN's neuron-major down projection). Q4_0 copies instead go to
-//! [`cpu::sparse_axpy_int8`] where the CPU has its kernel (AVX-512 VBMI + VNNI): the kept inputs
+//! [`cpu::sparse_axpy_int8`] where the CPU has its kernels (x86-64 with AVX2): the kept inputs
 //! times the block scales are rounded to 8 bits, as a dense matmul rounds its inputs, and the
 //! products run as integer dot products (the float axpy that unpacks nibbles is compute-bound).
 //! Only a session in TEAL mode pays the memory of the copies.
