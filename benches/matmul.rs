@@ -3,10 +3,11 @@
 //! For each weight type and shape (rows × cols: 2048×640 as ffn_gate/up, 640×2048 as ffn_down, and
 //! the 262144×640 Q8_0 LM head), with 1 token (decode), 8 (a step of 8 batched streams) and 64
 //! tokens (prompt), prints the time per call, the weight bandwidth (GB/s of weight bytes per call)
-//! and GFLOP/s, for the scalar path and the best SIMD path of this CPU, and their ratio. Then, when the Gemma file is in the cache, it
-//! times every matrix of one forward pass of the real model (weights from the file, LM head
-//! included for decode and excluded for the prompt, as llama.cpp computes logits only for the last
-//! token) and prints the matmul-only tokens per second.
+//! and GFLOP/s, for the scalar path and the best SIMD path of this CPU, and their ratio. Then,
+//! when the Gemma file is in the cache, it times every matrix of one forward pass of the real
+//! model (weights from the file, LM head included for decode and excluded for the prompt, as
+//! llama.cpp computes logits only for the last token) and prints the matmul-only tokens per
+//! second.
 //!
 //! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
 //! shortens each measurement; `HOTCOLD_BENCH_FILTER=q4_K,model` runs only the cases whose type

@@ -374,8 +374,10 @@ unsafe fn dot32<F: Fmt32, const R: usize, const N: usize, const PF: bool>(
     }
 }
 
-macro_rules! fmt32_kernel {
-    ($name:ident, $stream:ident, $fmt:ty) => {
+/// For each `name, stream => f` (or `f<Fmt>`): the [`kernel`] flavour `name` (`f` with `PF` false)
+/// and the [`streaming_kernel`] flavour `stream` (`PF` true), as [`tiles!`] takes them.
+macro_rules! paired_kernels {
+    ($($name:ident, $stream:ident => $f:ident $(<$fmt:ty>)?;)*) => {$(
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         unsafe fn $name<const R: usize, const N: usize>(
             w: *const u8,
@@ -384,7 +386,7 @@ macro_rules! fmt32_kernel {
             t0: usize,
             out: &mut [f32],
         ) {
-            dot32::<$fmt, R, N, false>(w, rb, a, t0, out)
+            $f::<$($fmt,)? R, N, false>(w, rb, a, t0, out)
         }
 
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -395,15 +397,17 @@ macro_rules! fmt32_kernel {
             t0: usize,
             out: &mut [f32],
         ) {
-            dot32::<$fmt, R, N, true>(w, rb, a, t0, out)
+            $f::<$($fmt,)? R, N, true>(w, rb, a, t0, out)
         }
-    };
+    )*};
 }
-fmt32_kernel!(dot_q4_0, stream_q4_0, Q4_0);
-fmt32_kernel!(dot_q4_1, stream_q4_1, Q4_1);
-fmt32_kernel!(dot_q5_0, stream_q5_0, Q5_0);
-fmt32_kernel!(dot_q5_1, stream_q5_1, Q5_1);
-fmt32_kernel!(dot_q8_0, stream_q8_0, Q8_0);
+paired_kernels! {
+    dot_q4_0, stream_q4_0 => dot32<Q4_0>;
+    dot_q4_1, stream_q4_1 => dot32<Q4_1>;
+    dot_q5_0, stream_q5_0 => dot32<Q5_0>;
+    dot_q5_1, stream_q5_1 => dot32<Q5_1>;
+    dot_q8_0, stream_q8_0 => dot32<Q8_0>;
+}
 
 /// `[m0, m0, m1, m1, …, m7, m7]` as 16 i16.
 #[inline(always)]
@@ -720,34 +724,7 @@ unsafe fn dot_bf16<const R: usize, const N: usize, const PF: bool>(
     )
 }
 
-/// Float kernels of [`kernel`] (`PF` false) and [`streaming_kernel`] (true) as [`tiles!`] takes
-/// them.
-macro_rules! float_kernels {
-    ($($name:ident, $stream:ident => $f:ident;)*) => {$(
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        unsafe fn $name<const R: usize, const N: usize>(
-            w: *const u8,
-            rb: usize,
-            a: &Acts,
-            t0: usize,
-            out: &mut [f32],
-        ) {
-            $f::<R, N, false>(w, rb, a, t0, out)
-        }
-
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        unsafe fn $stream<const R: usize, const N: usize>(
-            w: *const u8,
-            rb: usize,
-            a: &Acts,
-            t0: usize,
-            out: &mut [f32],
-        ) {
-            $f::<R, N, true>(w, rb, a, t0, out)
-        }
-    )*};
-}
-float_kernels! {
+paired_kernels! {
     tile_f32, stream_f32 => dot_f32;
     tile_f16, stream_f16 => dot_f16;
     tile_bf16, stream_bf16 => dot_bf16;
