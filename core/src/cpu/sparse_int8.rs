@@ -193,26 +193,31 @@ pub(crate) fn sparse_axpy_int8_at(
         let rows_of = |g: usize| -> [&[u8]; GROUP] {
             std::array::from_fn(|k| w_t.row_from(groups.rows[g * GROUP + k] as usize, c * per))
         };
+        let mut rows = rows_of(0);
         for g in 0..n_groups {
             let coefs: &[f32; GROUP] = groups.coefs[g * GROUP..][..GROUP].try_into().unwrap();
-            let rows = rows_of(g);
-            #[cfg(target_arch = "x86_64")]
-            if path != Path::Scalar {
-                if g + 1 < n_groups {
-                    x86::prefetch_heads(&rows_of(g + 1));
-                }
-                // SAFETY: `path` is one of `Path::available()`, so the CPU has its features;
-                // each row holds this task's blocks.
-                unsafe {
-                    match path {
-                        Path::Avx512 => x86::group_avx512(&rows, coefs, out),
-                        _ => x86::group_avx2(&rows, coefs, out),
+            let next = (g + 1 < n_groups).then(|| rows_of(g + 1));
+            match path {
+                #[cfg(target_arch = "x86_64")]
+                Path::Avx512 | Path::Avx2 => {
+                    if let Some(next) = &next {
+                        x86::prefetch_heads(next);
                     }
-                };
-                continue;
+                    // SAFETY: `path` is one of `Path::available()`, so the CPU has its
+                    // features; each row holds this task's blocks.
+                    unsafe {
+                        if path == Path::Avx512 {
+                            x86::group_avx512(&rows, coefs, out)
+                        } else {
+                            x86::group_avx2(&rows, coefs, out)
+                        }
+                    }
+                }
+                _ => scalar_group(&rows, coefs, out),
             }
-            let _ = path; // only the scalar loop off x86-64
-            scalar_group(&rows, coefs, out);
+            if let Some(next) = next {
+                rows = next;
+            }
         }
     };
     let chunks = out.chunks_mut(per * QK).enumerate();

@@ -69,11 +69,11 @@ pub struct TealOptions {
 struct InputMajor {
     n_in: usize,
     n_out: usize,
-    copy: Copy,
+    weights: Weights,
 }
 
 /// The weights of an input-major copy.
-enum Copy {
+enum Weights {
     /// ggml blocks, for [`cpu::sparse_axpy`] (exact per term).
     Blocks(GgmlType, Vec<u8>),
     /// Q4_0 with the scales split out, for [`cpu::sparse_axpy_int8`] (8-bit coefficients on
@@ -85,19 +85,23 @@ impl InputMajor {
     /// The copy of `bytes` (`n_in` rows of `n_out` values of `ty`): Q4_0 copies go to the
     /// integer kernel where this CPU has it.
     fn new(ty: GgmlType, n_in: usize, n_out: usize, bytes: Vec<u8>) -> Result<InputMajor> {
-        let copy = if ty == GgmlType::Q4_0 && cpu::sparse_axpy_int8_is_fast() {
-            Copy::Int8(cpu::SplitQ4_0::new(&Matrix::new(ty, n_in, n_out, &bytes)?)?)
+        let weights = if ty == GgmlType::Q4_0 && cpu::sparse_axpy_int8_is_fast() {
+            Weights::Int8(cpu::SplitQ4_0::new(&Matrix::new(ty, n_in, n_out, &bytes)?)?)
         } else {
-            Copy::Blocks(ty, bytes)
+            Weights::Blocks(ty, bytes)
         };
-        Ok(InputMajor { n_in, n_out, copy })
+        Ok(InputMajor {
+            n_in,
+            n_out,
+            weights,
+        })
     }
 
     /// Bytes of the copy.
     fn bytes(&self) -> usize {
-        match &self.copy {
-            Copy::Blocks(_, b) => b.len(),
-            Copy::Int8(s) => s.bytes(),
+        match &self.weights {
+            Weights::Blocks(_, b) => b.len(),
+            Weights::Int8(s) => s.bytes(),
         }
     }
 
@@ -108,12 +112,12 @@ impl InputMajor {
 
     /// `y += Σ_i xs_i · row_i` for `n` rows of thresholded inputs.
     fn axpy(&self, xs: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
-        match &self.copy {
-            Copy::Blocks(ty, bytes) => {
+        match &self.weights {
+            Weights::Blocks(ty, bytes) => {
                 let m = Matrix::new(*ty, self.n_in, self.n_out, bytes)?;
                 cpu::sparse_axpy(&m, xs, n, y)
             }
-            Copy::Int8(split) => xs
+            Weights::Int8(split) => xs
                 .chunks_exact(self.n_in)
                 .zip(y.chunks_exact_mut(self.n_out))
                 .try_for_each(|(x, y)| cpu::sparse_axpy_int8(split, x, y)),
