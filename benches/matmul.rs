@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::{random_f32, time, weights};
 
-use hotcold::cpu::{matmul, matmul_with_simd, simd_level, Matrix};
+use hotcold::cpu::{matmul, matmul_with_simd, simd_level, InterleavedQ8_0, Matrix};
 use hotcold::gguf::GgufFile;
 use hotcold::models::DefaultModel;
 use hotcold::quant::GgmlType;
@@ -59,6 +59,9 @@ fn main() {
         }
         let data = weights(ty, rows, cols);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        // Q8_0 also in the 16-row interleaved layout, where this CPU runs it fast
+        let interleaved = (ty == GgmlType::Q8_0 && InterleavedQ8_0::is_fast())
+            .then(|| InterleavedQ8_0::from_q8_0(&w).unwrap());
         for n in [1usize, 8, 64] {
             if lm_head && n > 1 && quick {
                 continue;
@@ -85,17 +88,14 @@ fn main() {
                 } else {
                     format!("{:.1}×", secs / first)
                 };
-                println!(
-                    "{:<6} {:>13} {:>4} {:>7} {:>11.1} {:>8.2} {:>9.2} {:>8}",
-                    ty.name(),
-                    format!("{rows}×{cols}"),
-                    n,
-                    path,
-                    secs * 1e6,
-                    gbs,
-                    gflops,
-                    speedup
-                );
+                row(ty, rows, cols, n, path, secs, gbs, gflops, &speedup);
+            }
+            if let Some(il) = &interleaved {
+                let secs = time(budget, || il.matmul(&x, n, &mut y).unwrap());
+                let gbs = il.n_bytes() as f64 / secs / 1e9;
+                let gflops = 2.0 * (rows * cols * n) as f64 / secs / 1e9;
+                let speedup = format!("{:.2}×", first / secs);
+                row(ty, rows, cols, n, "x16", secs, gbs, gflops, &speedup);
             }
         }
     }
@@ -189,4 +189,30 @@ mod rayon {
             .filter(|&n| n > 0)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
+}
+
+/// One table row (`speedup`: the ratio to the first path, or empty).
+#[allow(clippy::too_many_arguments)]
+fn row(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    path: &str,
+    secs: f64,
+    gbs: f64,
+    gflops: f64,
+    speedup: &str,
+) {
+    println!(
+        "{:<6} {:>13} {:>4} {:>7} {:>11.1} {:>8.2} {:>9.2} {:>8}",
+        ty.name(),
+        format!("{rows}×{cols}"),
+        n,
+        path,
+        secs * 1e6,
+        gbs,
+        gflops,
+        speedup
+    );
 }

@@ -67,7 +67,7 @@ fn col_choices(ty: GgmlType) -> Vec<usize> {
 }
 
 /// Random weights of `ty` quantised from smooth-ish random floats (with a few outliers).
-fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+pub(super) fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let f: Vec<f32> = (0..rows * cols)
         .map(|i| {
             let v = rng.f();

@@ -451,9 +451,7 @@ fn down_projection(
 }
 
 fn matmul(model: &Model, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
-    let mut y = vec![0f32; n * w.rows];
-    cpu::matmul(&model.matrix(w), x, n, &mut y)?;
-    Ok(y)
+    model.matmul(w, x, n)
 }
 
 #[cfg(test)]

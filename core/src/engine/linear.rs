@@ -3,7 +3,6 @@
 //! [`FfnOffload`](super::FfnOffload)); [`DenseLinear`] is the plain matrix product, and TEAL's
 //! input-sparse operator ([`Teal`](super::Teal)) implements both traits.
 
-use crate::cpu;
 use crate::model::{LayerWeights, Model, Weight};
 use crate::Result;
 
@@ -125,7 +124,5 @@ pub(crate) fn dense_project(
             tensor: format!("blk.{il}.{}.weight", which.name()),
             message: "the layer has no row-major copy of this matrix".into(),
         })?;
-    let mut y = vec![0f32; n * w.rows];
-    cpu::matmul(&model.matrix(w), x, n, &mut y)?;
-    Ok(y)
+    model.matmul(w, x, n)
 }

@@ -184,10 +184,7 @@ impl FfnOffload for CpuFfn {
         x: &[f32],
         n: usize,
     ) -> Result<Vec<f32>> {
-        let w = ffn_weight(model, il, which)?;
-        let mut y = vec![0f32; n * w.rows];
-        cpu::matmul(&model.matrix(w), x, n, &mut y)?;
-        Ok(y)
+        model.matmul(ffn_weight(model, il, which)?, x, n)
     }
 
     fn gather(

@@ -14,8 +14,8 @@ use super::positions::add_learned_positions;
 use super::teal::Teal;
 use rayon::prelude::*;
 
+use crate::cpu;
 use crate::cpu::ops::{self, Rope};
-use crate::cpu::{self, Matrix};
 use crate::model::{LayerWeights, Model, Norm};
 use crate::{Error, Result};
 
@@ -636,10 +636,7 @@ impl<'m> Forward<'m> {
     }
 
     fn matmul(&self, w: &crate::model::Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
-        let m: Matrix = self.model.matrix(w);
-        let mut y = vec![0f32; n * w.rows];
-        cpu::matmul(&m, x, n, &mut y)?;
-        Ok(y)
+        self.model.matmul(w, x, n)
     }
 }
 

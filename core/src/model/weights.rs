@@ -1,9 +1,9 @@
 //! The weights of a dense model, resolved by role and shape-checked at load time.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::hparams::{Arch, FfnActivation, HyperParams, NormKind};
-use crate::cpu::Matrix;
+use crate::cpu::{self, InterleavedQ8_0, Matrix};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
@@ -20,6 +20,9 @@ pub struct Weight {
     /// Input dimension (ggml `ne[0]`).
     pub cols: usize,
     data: WeightData,
+    /// A Q8_0 weight's 16-row interleaved copy, made on its first CPU product where this CPU runs
+    /// that layout faster (see [`Model::matmul`]); shared by clones.
+    interleaved: Arc<OnceLock<Option<InterleavedQ8_0>>>,
 }
 
 /// Where a weight's bytes live.
@@ -32,6 +35,17 @@ enum WeightData {
 }
 
 impl Weight {
+    fn new(name: String, ty: GgmlType, rows: usize, cols: usize, data: WeightData) -> Weight {
+        Weight {
+            name,
+            ty,
+            rows,
+            cols,
+            data,
+            interleaved: Arc::default(),
+        }
+    }
+
     /// Size of the weight's data in bytes.
     pub fn n_bytes(&self) -> u64 {
         match &self.data {
@@ -211,6 +225,24 @@ impl Model {
         }
     }
 
+    /// `W · x` for `n` token rows of `x` on the CPU, as [`cpu::matmul`] computes it; a Q8_0
+    /// weight goes through its 16-row interleaved copy ([`InterleavedQ8_0`], made on first use)
+    /// where this CPU runs that layout faster: the same integer block sums, another float
+    /// accumulation order.
+    pub fn matmul(&self, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mut y = vec![0f32; n * w.rows];
+        let interleaved = w.interleaved.get_or_init(|| {
+            (w.ty == GgmlType::Q8_0 && InterleavedQ8_0::is_fast())
+                .then(|| InterleavedQ8_0::from_q8_0(&self.matrix(w)).ok())
+                .flatten()
+        });
+        match interleaved {
+            Some(il) => il.matmul(x, n, &mut y)?,
+            None => cpu::matmul(&self.matrix(w), x, n, &mut y)?,
+        }
+        Ok(y)
+    }
+
     /// Gives every layer without one a neuron-major F16 copy of its down projection (`ffn_down_t`),
     /// so that the sparse axpy can skip
     /// neurons of dense files. Costs the copies' memory; does nothing for layers that have one.
@@ -233,13 +265,13 @@ impl Model {
                 },
             };
             let (ty, bytes) = transposed(&m)?;
-            layer.down_t = Some(Weight {
-                name: format!("blk.{il}.ffn_down_t.weight (repacked)"),
+            layer.down_t = Some(Weight::new(
+                format!("blk.{il}.ffn_down_t.weight (repacked)"),
                 ty,
-                rows: down.cols,
-                cols: down.rows,
-                data: WeightData::Owned(bytes.into()),
-            });
+                down.cols,
+                down.rows,
+                WeightData::Owned(bytes.into()),
+            ));
         }
         Ok(())
     }
@@ -276,9 +308,13 @@ impl Model {
                     crate::cpu::dequantize_row(&m, r, &mut row)?;
                     quant::quantize(ty, &row, dst)?;
                 }
-                w.ty = ty;
-                w.name = format!("{} (as {ty})", w.name);
-                w.data = WeightData::Owned(bytes.into());
+                *w = Weight::new(
+                    format!("{} (as {ty})", w.name),
+                    ty,
+                    w.rows,
+                    w.cols,
+                    WeightData::Owned(bytes.into()),
+                );
             }
         }
         Ok(())
@@ -385,13 +421,13 @@ impl Loader<'_> {
             self.file.tensor_data(info),
         )
         .map_err(|e| bad(e.to_string()))?;
-        Ok(Weight {
-            name: name.into(),
-            ty: info.ty,
-            rows: info.shape[1] as usize,
+        Ok(Weight::new(
+            name.into(),
+            info.ty,
+            info.shape[1] as usize,
             cols,
-            data: WeightData::File(info.clone()),
-        })
+            WeightData::File(info.clone()),
+        ))
     }
 
     /// A 1-D tensor of `len` elements, dequantised to f32.
@@ -480,18 +516,20 @@ impl Loader<'_> {
             WeightData::Owned(_) => unreachable!("the loader maps file tensors"),
         };
         let row_bytes = fused.ty.row_bytes(hp.n_embd as u64)?;
-        let rows = |first: usize, count: usize, part: &str| Weight {
-            name: format!("{name}[{part}]"),
-            ty: fused.ty,
-            rows: count,
-            cols: hp.n_embd,
-            data: WeightData::File(TensorInfo {
-                name: format!("{name}[{part}]"),
-                ty: fused.ty,
-                shape: vec![hp.n_embd as u64, count as u64],
-                offset: info.offset + first as u64 * row_bytes,
-                n_bytes: count as u64 * row_bytes,
-            }),
+        let rows = |first: usize, count: usize, part: &str| {
+            Weight::new(
+                format!("{name}[{part}]"),
+                fused.ty,
+                count,
+                hp.n_embd,
+                WeightData::File(TensorInfo {
+                    name: format!("{name}[{part}]"),
+                    ty: fused.ty,
+                    shape: vec![hp.n_embd as u64, count as u64],
+                    offset: info.offset + first as u64 * row_bytes,
+                    n_bytes: count as u64 * row_bytes,
+                }),
+            )
         };
         Ok((rows(0, q, "q"), rows(q, k, "k"), rows(q + k, v, "v")))
     }
