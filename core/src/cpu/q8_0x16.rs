@@ -144,12 +144,13 @@ impl InterleavedQ8_0 {
         if n_tokens == 0 || self.rows == 0 {
             return Ok(());
         }
-        let mut acts = Acts::default();
-        acts.quantize(level, ActKind::Q8_0, 7, x, n_tokens, self.cols);
+        let mut acts = super::SCRATCH.with(|s| s.take()).unwrap_or_default();
+        let shift = super::offset_shift(GgmlType::Q8_0);
+        acts.quantize(level, ActKind::Q8_0, shift, x, n_tokens, self.cols);
         let groups = self.rows.div_ceil(GROUP);
         let threads = rayon::current_num_threads().max(1);
         // 8 tasks per thread for balance, each at least ~64 KiB of weights
-        let group_bytes = self.data.len() / groups;
+        let group_bytes = self.group_bytes();
         let per_task = groups
             .div_ceil(threads * 8)
             .max((64 * 1024 / group_bytes).max(1));
@@ -165,12 +166,18 @@ impl InterleavedQ8_0 {
         } else {
             (0..n_tasks).into_par_iter().for_each(task);
         }
+        super::SCRATCH.with(|s| s.set(Some(acts)));
         Ok(())
+    }
+
+    /// Bytes of one group of 16 rows.
+    fn group_bytes(&self) -> usize {
+        self.cols / QK * BLOCK_BYTES
     }
 
     /// Groups `g0..g1` for every token, written into `out` (`n × rows`, token-major).
     fn run_groups(&self, level: Level, acts: &Acts, g0: usize, g1: usize, out: &super::OutPtr) {
-        let group_bytes = self.data.len() / self.rows.div_ceil(GROUP);
+        let group_bytes = self.group_bytes();
         let mut tile = [[0f32; GROUP]; TILE];
         let mut g = g0;
         while g < g1 {
