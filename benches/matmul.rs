@@ -11,7 +11,9 @@
 //!
 //! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
 //! shortens each measurement; `HOTCOLD_BENCH_FILTER=q4_K,model` runs only the cases whose type
-//! name (or `model`, `lm_head`) is listed.
+//! name (or `model`, `lm_head`) is listed. `HOTCOLD_BENCH_FILTER=dram` (only when named) streams one
+//! token through ~600 MB of Qwen2.5 0.5B-sized (4864×896) matrices per type, row-major and
+//! interleaved, to measure the kernels at DRAM bandwidth rather than from cache.
 
 mod common;
 
@@ -19,7 +21,7 @@ use std::time::Duration;
 
 use common::{random_f32, time, weights};
 
-use hotcold::cpu::{matmul, matmul_with_simd, simd_level, InterleavedQ8_0, Matrix};
+use hotcold::cpu::{matmul, matmul_with_simd, simd_level, Interleaved, Matrix};
 use hotcold::gguf::GgufFile;
 use hotcold::models::DefaultModel;
 use hotcold::quant::GgmlType;
@@ -59,9 +61,9 @@ fn main() {
         }
         let data = weights(ty, rows, cols);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
-        // Q8_0 also in the 16-row interleaved layout, where this CPU runs it fast
-        let interleaved = (ty == GgmlType::Q8_0 && InterleavedQ8_0::is_fast())
-            .then(|| InterleavedQ8_0::from_q8_0(&w).unwrap());
+        // Q4_0, Q5_0 and Q8_0 also in the 16-row interleaved layout, where this CPU runs it fast
+        let interleaved = (Interleaved::TYPES.contains(&ty) && Interleaved::is_fast())
+            .then(|| Interleaved::from_matrix(&w).unwrap());
         for n in [1usize, 8, 64] {
             if lm_head && n > 1 && quick {
                 continue;
@@ -102,6 +104,78 @@ fn main() {
 
     if wanted("model") {
         model_pass(budget);
+    }
+    if filter
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == "dram"))
+    {
+        dram_pass(budget);
+    }
+}
+
+/// One token through ~600 MB of distinct 4864×896 matrices of each interleaved type: the decode
+/// case where every weight byte comes from DRAM.
+fn dram_pass(budget: Duration) {
+    const TOTAL: usize = 600_000_000;
+    let (rows, cols) = (4864, 896);
+    println!(
+        "\none token through ~{} MB of {rows}×{cols} matrices (from DRAM):",
+        TOTAL / 1_000_000
+    );
+    let x = random_f32(cols, 3);
+    let mut y = vec![0f32; rows];
+    for ty in Interleaved::TYPES {
+        let data = weights(ty, rows, cols);
+        let copies: Vec<Vec<u8>> = (0..TOTAL.div_ceil(data.len()))
+            .map(|_| data.clone())
+            .collect();
+        let mats: Vec<Matrix> = copies
+            .iter()
+            .map(|d| Matrix::new(ty, rows, cols, d).unwrap())
+            .collect();
+        let bytes = (copies.len() * data.len()) as f64;
+        let flops = 2.0 * (rows * cols * mats.len()) as f64;
+        let row_major = time(budget, || {
+            for m in &mats {
+                matmul(m, &x, 1, &mut y).unwrap();
+            }
+        });
+        row(
+            ty,
+            rows,
+            cols,
+            1,
+            simd_level(),
+            row_major / mats.len() as f64,
+            bytes / row_major / 1e9,
+            flops / row_major / 1e9,
+            "",
+        );
+        if !Interleaved::is_fast() {
+            continue;
+        }
+        let ils: Vec<Interleaved> = mats
+            .iter()
+            .map(|m| Interleaved::from_matrix(m).unwrap())
+            .collect();
+        let il_bytes: usize = ils.iter().map(Interleaved::n_bytes).sum();
+        let secs = time(budget, || {
+            for il in &ils {
+                il.matmul(&x, 1, &mut y).unwrap();
+            }
+        });
+        let speedup = format!("{:.2}×", row_major / secs);
+        row(
+            ty,
+            rows,
+            cols,
+            1,
+            "x16",
+            secs / ils.len() as f64,
+            il_bytes as f64 / secs / 1e9,
+            flops / secs / 1e9,
+            &speedup,
+        );
     }
 }
 

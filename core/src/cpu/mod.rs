@@ -85,7 +85,7 @@ mod act;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-mod q8_0x16;
+mod interleaved;
 mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
@@ -103,7 +103,7 @@ pub(crate) use act::{ActKind, Acts};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::widen_f16_row;
 
-pub use q8_0x16::InterleavedQ8_0;
+pub use interleaved::Interleaved;
 pub use sparse::{gather_matmul, sparse_axpy};
 pub use sparse_int8::{sparse_axpy_int8, sparse_axpy_int8_is_fast, SplitQ4_0};
 

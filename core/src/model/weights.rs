@@ -3,7 +3,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::hparams::{Arch, FfnActivation, HyperParams, NormKind};
-use crate::cpu::{self, InterleavedQ8_0, Matrix};
+use crate::cpu::{self, Interleaved, Matrix};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
@@ -20,9 +20,9 @@ pub struct Weight {
     /// Input dimension (ggml `ne[0]`).
     pub cols: usize,
     data: WeightData,
-    /// A Q8_0 weight's 16-row interleaved copy, made on its first CPU product where this CPU runs
-    /// that layout faster (see [`Model::matmul`]); shared by clones.
-    interleaved: Arc<OnceLock<Option<InterleavedQ8_0>>>,
+    /// A Q4_0, Q5_0 or Q8_0 weight's 16-row interleaved copy, made on its first CPU product where
+    /// this CPU runs that layout faster (see [`Model::matmul`]); shared by clones.
+    interleaved: Arc<OnceLock<Option<Interleaved>>>,
 }
 
 /// Where a weight's bytes live.
@@ -225,15 +225,15 @@ impl Model {
         }
     }
 
-    /// `W · x` for `n` token rows of `x` on the CPU, as [`cpu::matmul`] computes it; a Q8_0
-    /// weight goes through its 16-row interleaved copy ([`InterleavedQ8_0`], made on first use)
+    /// `W · x` for `n` token rows of `x` on the CPU, as [`cpu::matmul`] computes it; a Q4_0, Q5_0
+    /// or Q8_0 weight goes through its 16-row interleaved copy ([`Interleaved`], made on first use)
     /// where this CPU runs that layout faster: the same integer block sums, another float
     /// accumulation order.
     pub fn matmul(&self, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut y = vec![0f32; n * w.rows];
         let interleaved = w.interleaved.get_or_init(|| {
-            (w.ty == GgmlType::Q8_0 && InterleavedQ8_0::is_fast())
-                .then(|| InterleavedQ8_0::from_q8_0(&self.matrix(w)).ok())
+            (Interleaved::TYPES.contains(&w.ty) && Interleaved::is_fast())
+                .then(|| Interleaved::from_matrix(&self.matrix(w)).ok())
                 .flatten()
         });
         match interleaved {
