@@ -12,8 +12,8 @@
 //! Runs on rayon's global pool (`RAYON_NUM_THREADS` sets its size). `HOTCOLD_BENCH_QUICK=1`
 //! shortens each measurement; `HOTCOLD_BENCH_FILTER=q4_K,model` runs only the cases whose type
 //! name (or `model`, `lm_head`) is listed. `HOTCOLD_BENCH_FILTER=dram` (only when named) streams one
-//! token through ~600 MB of Qwen2.5 0.5B-sized (4864×896) matrices per type, row-major and
-//! interleaved, to measure the kernels at DRAM bandwidth rather than from cache.
+//! token through ~600 MB of Qwen2.5 0.5B ffn_down-sized (896×4864) matrices per type, row-major
+//! and interleaved, to measure the kernels at DRAM bandwidth rather than from cache.
 
 mod common;
 
@@ -113,11 +113,11 @@ fn main() {
     }
 }
 
-/// One token through ~600 MB of distinct 4864×896 matrices of each interleaved type: the decode
+/// One token through ~600 MB of distinct 896×4864 matrices of each interleaved type: the decode
 /// case where every weight byte comes from DRAM.
 fn dram_pass(budget: Duration) {
     const TOTAL: usize = 600_000_000;
-    let (rows, cols) = (4864, 896);
+    let (rows, cols) = (896, 4864);
     println!(
         "\none token through ~{} MB of {rows}×{cols} matrices (from DRAM):",
         TOTAL / 1_000_000

@@ -122,7 +122,6 @@ impl Acts {
 
     /// Integer block sums of token `t` (Q8_0, Q8_1).
     #[inline]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn isum(&self, t: usize) -> &[i32] {
         let nb = self.nb();
         &self.isum[t * nb..(t + 1) * nb]

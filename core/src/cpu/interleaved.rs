@@ -30,7 +30,7 @@
 
 use rayon::prelude::*;
 
-use crate::quant::{fp16_to_fp32, GgmlType, QK};
+use crate::quant::{fp16_to_fp32, GgmlType, QK, QK_K};
 use crate::{Error, Result};
 
 use super::act::{ActKind, Acts};
@@ -47,12 +47,28 @@ const STEP_BYTES: usize = GROUP * QUAD;
 /// Bytes of the 4-bit steps of one Q4_0 / Q5_0 block (16 quant bytes per row).
 const NIBBLE_BYTES: usize = GROUP * QK / 2;
 
-/// The weight types with an interleaved layout.
+/// Q4_K group block: where the 16 rows' 6-bit scales (`[sub-block][row]`, u8) start.
+const Q4K_SC: usize = 2 * SCALE_BYTES;
+/// Q4_K: where the 6-bit mins (`[pair of sub-blocks][row][2]`, u8) start.
+const Q4K_M: usize = Q4K_SC + 8 * GROUP;
+/// Q4_K: where the 32 nibble steps start.
+const Q4K_QS: usize = Q4K_M + 8 * GROUP;
+/// Q6_K group block: where the 16 rows' scales (`[sub-block][row]`, i8) start.
+const Q6K_SC: usize = SCALE_BYTES;
+/// Q6_K: where the 32 steps of low nibbles start.
+const Q6K_QL: usize = Q6K_SC + 16 * GROUP;
+/// Q6_K: where the 16 steps of high bit pairs start.
+const Q6K_QH: usize = Q6K_QL + 32 * STEP_BYTES;
+
+/// The weight types with an interleaved layout (named as ggml names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 enum Format {
     Q4_0,
     Q5_0,
     Q8_0,
+    Q4_K,
+    Q6_K,
 }
 
 impl Format {
@@ -61,6 +77,8 @@ impl Format {
             GgmlType::Q4_0 => Some(Format::Q4_0),
             GgmlType::Q5_0 => Some(Format::Q5_0),
             GgmlType::Q8_0 => Some(Format::Q8_0),
+            GgmlType::Q4_K => Some(Format::Q4_K),
+            GgmlType::Q6_K => Some(Format::Q6_K),
             _ => None,
         }
     }
@@ -70,34 +88,59 @@ impl Format {
             Format::Q4_0 => GgmlType::Q4_0,
             Format::Q5_0 => GgmlType::Q5_0,
             Format::Q8_0 => GgmlType::Q8_0,
+            Format::Q4_K => GgmlType::Q4_K,
+            Format::Q6_K => GgmlType::Q6_K,
         }
     }
 
-    /// Bytes of one group's block of 32 columns (scales, quants, fifth bits).
-    const fn block_bytes(self) -> usize {
-        SCALE_BYTES
-            + match self {
-                Format::Q4_0 => NIBBLE_BYTES,
-                Format::Q5_0 => NIBBLE_BYTES + 8 * 8,
-                Format::Q8_0 => GROUP * QK,
-            }
+    /// Columns per block (ggml's block size).
+    const fn block_cols(self) -> usize {
+        match self {
+            Format::Q4_K | Format::Q6_K => QK_K,
+            _ => QK,
+        }
     }
 
-    /// What the stored unsigned quants exceed the signed ones by.
+    /// Bytes of one group's block (scales, quants, fifth bits or mins).
+    const fn block_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 => SCALE_BYTES + NIBBLE_BYTES,
+            Format::Q5_0 => SCALE_BYTES + NIBBLE_BYTES + 8 * 8,
+            Format::Q8_0 => SCALE_BYTES + GROUP * QK,
+            Format::Q4_K => Q4K_QS + 32 * STEP_BYTES,
+            Format::Q6_K => Q6K_QH + 16 * STEP_BYTES,
+        }
+    }
+
+    /// The activations' format: ggml's `vec_dot_type`.
+    fn act_kind(self) -> ActKind {
+        match self {
+            Format::Q4_K | Format::Q6_K => ActKind::Q8K,
+            _ => ActKind::Q8_0,
+        }
+    }
+
+    /// What the stored unsigned quants of a 32-column format exceed the signed ones by.
     fn offset(self) -> i32 {
         1 << super::offset_shift(self.ty())
     }
 
-    /// Writes row `lane`'s block `src` (ggml's bytes, scale first) into a group block's quants.
-    fn put(self, quants: &mut [u8], lane: usize, src: &[u8]) {
-        let step = |j: usize| j * STEP_BYTES + lane * QUAD;
+    /// Writes row `lane`'s block `src` (ggml's bytes) into the group block `blk`.
+    fn put(self, blk: &mut [u8], lane: usize, src: &[u8]) {
+        // step `s` of the quants starting at `at`: this row's four bytes
+        let step = |at: usize, s: usize| at + s * STEP_BYTES + lane * QUAD;
+        let copy4 = |blk: &mut [u8], to: usize, from: &[u8]| {
+            blk[to..to + QUAD].copy_from_slice(&from[..QUAD])
+        };
         match self {
             Format::Q8_0 => {
+                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
                 for (k, &q) in src[2..2 + QK].iter().enumerate() {
-                    quants[step(k / QUAD) + k % QUAD] = q ^ 0x80;
+                    blk[step(SCALE_BYTES, k / QUAD) + k % QUAD] = q ^ 0x80;
                 }
             }
             Format::Q4_0 | Format::Q5_0 => {
+                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
                 let (qh, qs) = if self == Format::Q5_0 {
                     (
                         u32::from_le_bytes(src[2..6].try_into().unwrap()),
@@ -107,35 +150,123 @@ impl Format {
                     (0, &src[2..18])
                 };
                 for j in 0..QK / 2 / QUAD {
-                    quants[step(j)..step(j) + QUAD].copy_from_slice(&qs[j * QUAD..(j + 1) * QUAD]);
+                    copy4(blk, step(SCALE_BYTES, j), &qs[j * QUAD..]);
                 }
                 if self == Format::Q5_0 {
                     for m in 0..8 {
                         let bits = (qh >> (16 * (m % 2) + QUAD * (m / 2))) & 15;
-                        quants[NIBBLE_BYTES + 8 * m + lane / 2] |= (bits as u8) << (4 * (lane % 2));
+                        blk[SCALE_BYTES + NIBBLE_BYTES + 8 * m + lane / 2] |=
+                            (bits as u8) << (4 * (lane % 2));
                     }
+                }
+            }
+            Format::Q4_K => {
+                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
+                blk[SCALE_BYTES + 2 * lane..SCALE_BYTES + 2 * lane + 2].copy_from_slice(&src[2..4]);
+                let (sc, m) = super::scalar::k4_scales_mins(src[4..16].try_into().unwrap());
+                for s in 0..8 {
+                    blk[Q4K_SC + s * GROUP + lane] = sc[s];
+                    blk[Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2] = m[s];
+                }
+                for st in 0..32 {
+                    copy4(blk, step(Q4K_QS, st), &src[16 + st * QUAD..]);
+                }
+            }
+            Format::Q6_K => {
+                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[208..210]);
+                for s in 0..16 {
+                    blk[Q6K_SC + s * GROUP + lane] = src[192 + s];
+                }
+                for st in 0..32 {
+                    copy4(blk, step(Q6K_QL, st), &src[st * QUAD..]);
+                }
+                for st in 0..16 {
+                    copy4(blk, step(Q6K_QH, st), &src[128 + st * QUAD..]);
                 }
             }
         }
     }
 
-    /// Row `lane`'s unsigned quant `k` of a group block's quants (the inverse of [`Format::put`]).
-    fn get(self, quants: &[u8], lane: usize, k: usize) -> i32 {
-        if self == Format::Q8_0 {
-            return i32::from(quants[k / QUAD * STEP_BYTES + lane * QUAD + k % QUAD]);
+    /// Row `lane`'s unsigned quant `k` of the group block `blk` (see [`Format::put`]): Q8_0's
+    /// `q + 128`, Q4_0's nibble, Q5_0's five bits, Q4_K's nibble, Q6_K's six bits.
+    fn get(self, blk: &[u8], lane: usize, k: usize) -> i32 {
+        let byte = |at: usize, s: usize, i: usize| blk[at + s * STEP_BYTES + lane * QUAD + i];
+        match self {
+            Format::Q8_0 => i32::from(byte(SCALE_BYTES, k / QUAD, k % QUAD)),
+            Format::Q4_0 | Format::Q5_0 => {
+                let (high, k16) = (k / 16, k % 16);
+                let q = (byte(SCALE_BYTES, k16 / QUAD, k16 % QUAD) >> (4 * high)) & 15;
+                if self == Format::Q4_0 {
+                    return i32::from(q);
+                }
+                let mask =
+                    blk[SCALE_BYTES + NIBBLE_BYTES + 8 * (2 * (k16 / QUAD) + high) + lane / 2];
+                i32::from(q | ((mask >> (4 * (lane % 2) + k16 % QUAD)) & 1) << 4)
+            }
+            Format::Q4_K => {
+                // quants 64j..64j + 32 are the low nibbles of steps 8j.., the next 32 the high ones
+                let (j, high, l) = (k / 64, k / 32 % 2, k % 32);
+                i32::from((byte(Q4K_QS, 8 * j + l / QUAD, l % QUAD) >> (4 * high)) & 15)
+            }
+            Format::Q6_K => {
+                // half h, quarter f of it: ggml's ql/qh arrangement
+                let (h, f, l) = (k / 128, k % 128 / 32, k % 32);
+                let low = byte(Q6K_QL, 16 * h + 8 * (f % 2) + l / QUAD, l % QUAD) >> (4 * (f / 2));
+                let high = byte(Q6K_QH, 8 * h + l / QUAD, l % QUAD) >> (2 * f);
+                i32::from((low & 15) | (high & 3) << 4)
+            }
         }
-        let (high, k16) = (k / 16, k % 16);
-        let byte = quants[k16 / QUAD * STEP_BYTES + lane * QUAD + k16 % QUAD];
-        let nibble = i32::from((byte >> (4 * high)) & 15);
-        if self == Format::Q4_0 {
-            return nibble;
+    }
+
+    /// `acc` plus row `lane`'s product of the group block `blk` (block `b`) with token `t`: the
+    /// exact integer sums of ggml's `vec_dot`, then `fma(f32(isum), dw · da, acc)` (and for Q4_K
+    /// `fma(f32(msum), −(dmin · da), ·)`).
+    fn accumulate(self, blk: &[u8], lane: usize, acts: &Acts, t: usize, b: usize, acc: f32) -> f32 {
+        let cols = self.block_cols();
+        let q = &acts.q(t)[b * cols..(b + 1) * cols];
+        let dot = |k0: usize, n: usize| -> i32 {
+            (k0..k0 + n)
+                .map(|k| self.get(blk, lane, k) * i32::from(q[k]))
+                .sum()
+        };
+        let f16_at = |at: usize| {
+            fp16_to_fp32(half::f16::from_le_bytes([
+                blk[at + 2 * lane],
+                blk[at + 2 * lane + 1],
+            ]))
+        };
+        let dd = f16_at(0) * acts.d(t)[b];
+        match self {
+            Format::Q4_0 | Format::Q5_0 | Format::Q8_0 => {
+                let isum = dot(0, QK) - self.offset() * acts.isum(t)[b];
+                (isum as f32).mul_add(dd, acc)
+            }
+            Format::Q4_K => {
+                let bsums = &acts.bsums(t)[b * 16..(b + 1) * 16];
+                let (mut isum, mut msum) = (0, 0);
+                for s in 0..8 {
+                    isum += i32::from(blk[Q4K_SC + s * GROUP + lane]) * dot(32 * s, 32);
+                    let m = i32::from(blk[Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2]);
+                    msum += m * (i32::from(bsums[2 * s]) + i32::from(bsums[2 * s + 1]));
+                }
+                let dm = f16_at(SCALE_BYTES) * acts.d(t)[b];
+                (msum as f32).mul_add(-dm, (isum as f32).mul_add(dd, acc))
+            }
+            Format::Q6_K => {
+                let bsums = &acts.bsums(t)[b * 16..(b + 1) * 16];
+                let isum: i32 = (0..16)
+                    .map(|s| {
+                        let sc = i32::from(blk[Q6K_SC + s * GROUP + lane] as i8);
+                        sc * (dot(16 * s, 16) - 32 * i32::from(bsums[s]))
+                    })
+                    .sum();
+                (isum as f32).mul_add(dd, acc)
+            }
         }
-        let mask = quants[NIBBLE_BYTES + 8 * (2 * (k16 / QUAD) + high) + lane / 2];
-        nibble | i32::from((mask >> (4 * (lane % 2) + k16 % QUAD)) & 1) << 4
     }
 }
 
-/// A Q4_0, Q5_0 or Q8_0 matrix in the 16-row interleaved layout (see the module docs): `rows`
+/// A Q4_0, Q5_0, Q8_0, Q4_K or Q6_K matrix in the 16-row interleaved layout (see the module docs): `rows`
 /// outputs of `cols` inputs.
 #[derive(Debug)]
 pub struct Interleaved {
@@ -147,7 +278,13 @@ pub struct Interleaved {
 
 impl Interleaved {
     /// The weight types this layout takes.
-    pub const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
+    pub const TYPES: [GgmlType; 5] = [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
 
     /// Repacks a matrix of one of [`Interleaved::TYPES`] (in parallel on the current rayon pool).
     ///
@@ -156,26 +293,24 @@ impl Interleaved {
         w.validate()?;
         let format = Format::of(w.ty).ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "the interleaved layout takes Q4_0, Q5_0 or Q8_0 weights, not {}",
+                "the interleaved layout takes Q4_0, Q5_0, Q8_0, Q4_K or Q6_K weights, not {}",
                 w.ty
             ))
         })?;
         let rb = w.row_bytes();
         let src_block = w.ty.block_bytes();
         let block_bytes = format.block_bytes();
-        let group_bytes = w.cols / QK * block_bytes;
+        let group_bytes = w.cols / format.block_cols() * block_bytes;
         let groups = w.rows.div_ceil(GROUP);
         let mut data = vec![0u8; groups * group_bytes].into_boxed_slice();
         data.par_chunks_mut(group_bytes)
             .enumerate()
             .for_each(|(g, out)| {
                 for (b, blk) in out.chunks_exact_mut(block_bytes).enumerate() {
-                    let (scales, quants) = blk.split_at_mut(SCALE_BYTES);
                     // padding rows stay all zero (scale 0)
                     for lane in 0..GROUP.min(w.rows - g * GROUP) {
                         let src = &w.data[(g * GROUP + lane) * rb + b * src_block..][..src_block];
-                        scales[lane * 2..lane * 2 + 2].copy_from_slice(&src[..2]);
-                        format.put(quants, lane, src);
+                        format.put(blk, lane, src);
                     }
                 }
             });
@@ -214,7 +349,7 @@ impl Interleaved {
     }
 
     /// `y[t * rows + r] = dot(row r, x[t * cols ..])` for `n_tokens` token rows of `x`, the
-    /// activations quantised to Q8_0 as [`matmul`](super::matmul) does. Runs on the current rayon
+    /// activations quantised (to Q8_0 or Q8_K) as [`matmul`](super::matmul) does. Runs on the current rayon
     /// pool; the same bits at every thread count.
     ///
     /// Errors: [`Error::InvalidArgument`] for wrong `x` or `y` lengths.
@@ -245,7 +380,7 @@ impl Interleaved {
         }
         let mut acts = super::SCRATCH.with(|s| s.take()).unwrap_or_default();
         let shift = super::offset_shift(self.ty());
-        acts.quantize(level, ActKind::Q8_0, shift, x, n_tokens, self.cols);
+        acts.quantize(level, self.format.act_kind(), shift, x, n_tokens, self.cols);
         let groups = self.rows.div_ceil(GROUP);
         let threads = rayon::current_num_threads().max(1);
         // 8 tasks per thread for balance, each at least ~64 KiB of weights
@@ -270,7 +405,7 @@ impl Interleaved {
 
     /// Bytes of one group of 16 rows.
     fn group_bytes(&self) -> usize {
-        self.cols / QK * self.format.block_bytes()
+        self.cols / self.format.block_cols() * self.format.block_bytes()
     }
 
     /// The bytes of groups `g..g + ng`.
@@ -323,28 +458,18 @@ impl Interleaved {
         nt: usize,
         tile: &mut [[f32; GROUP]; TILE],
     ) {
-        let (format, offset) = (self.format, self.format.offset());
+        let format = self.format;
         for (gi, group) in self
             .groups(g, ng)
             .chunks_exact(self.group_bytes())
             .enumerate()
         {
             for t in 0..nt {
-                let (q, d, isum) = (acts.q(t0 + t), acts.d(t0 + t), acts.isum(t0 + t));
                 let acc = &mut tile[gi * nt + t];
                 acc.fill(0.0);
                 for (b, blk) in group.chunks_exact(format.block_bytes()).enumerate() {
-                    let (scales, quants) = blk.split_at(SCALE_BYTES);
                     for (lane, acc) in acc.iter_mut().enumerate() {
-                        let mut s = -offset * isum[b];
-                        for k in 0..QK {
-                            s += format.get(quants, lane, k) * i32::from(q[b * QK + k]);
-                        }
-                        let dw = fp16_to_fp32(half::f16::from_le_bytes([
-                            scales[lane * 2],
-                            scales[lane * 2 + 1],
-                        ]));
-                        *acc = (s as f32).mul_add(dw * d[b], *acc);
+                        *acc = format.accumulate(blk, lane, acts, t0 + t, b, *acc);
                     }
                 }
             }
@@ -367,13 +492,16 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{
-        Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, QK, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
+        Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4K_M, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL,
+        Q6K_SC, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
     };
 
     /// The kernels' const-generic names of the formats.
     const Q4: u8 = 0;
     const Q5: u8 = 1;
     const Q8: u8 = 2;
+    const Q4K: u8 = 3;
+    const Q6K: u8 = 4;
 
     /// [`Interleaved::scalar_tile`] with AVX-512 VNNI (the same bits).
     pub(super) fn tile(
@@ -395,6 +523,8 @@ mod avx512 {
                 Format::Q4_0 => tile_of::<Q4>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
                 Format::Q5_0 => tile_of::<Q5>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
                 Format::Q8_0 => tile_of::<Q8>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
+                Format::Q4_K => tile_k::<Q4K>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
+                Format::Q6_K => tile_k::<Q6K>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
             }
         }
     }
@@ -404,7 +534,36 @@ mod avx512 {
         match f {
             Q4 => Format::Q4_0,
             Q5 => Format::Q5_0,
-            _ => Format::Q8_0,
+            Q8 => Format::Q8_0,
+            Q4K => Format::Q4_K,
+            _ => Format::Q6_K,
+        }
+    }
+
+    /// [`tile`] for the K formats, whose kernels keep more registers per group and token: at most
+    /// four (group, token) pairs per call.
+    unsafe fn tile_k<const F: u8>(
+        wp: *const u8,
+        gb: usize,
+        ng: usize,
+        acts: &Acts,
+        t0: usize,
+        nt: usize,
+        tile: &mut [[f32; GROUP]; TILE],
+    ) {
+        let mut g = 0;
+        while g < ng {
+            let (p, out) = (wp.add(g * gb), &mut tile[g * nt..]);
+            match (ng - g, nt) {
+                (2.., 1) => kernel::<F, 2, 1>(p, gb, acts, t0, out),
+                (2.., 2) => kernel::<F, 2, 2>(p, gb, acts, t0, out),
+                _ => {
+                    one_group::<F>(p, gb, acts, t0, nt, out);
+                    g += 1;
+                    continue;
+                }
+            }
+            g += 2;
         }
     }
 
@@ -484,8 +643,245 @@ mod avx512 {
     }
 
     /// Format `F`, `G` groups × `N` tokens: `out[g * N + t]` (16 rows each).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    #[inline(always)]
     unsafe fn kernel<const F: u8, const G: usize, const N: usize>(
+        w: *const u8,
+        gb: usize,
+        acts: &Acts,
+        t0: usize,
+        out: &mut [[f32; GROUP]],
+    ) {
+        match F {
+            Q4K => kernel_q4k::<G, N>(w, gb, acts, t0, out),
+            Q6K => kernel_q6k::<G, N>(w, gb, acts, t0, out),
+            _ => kernel32::<F, G, N>(w, gb, acts, t0, out),
+        }
+    }
+
+    /// Prefetches `PF_AHEAD` bytes ahead of each group's block (`bytes` long).
+    #[inline(always)]
+    unsafe fn prefetch_blocks<const G: usize>(blk: &[*const u8; G], bytes: usize) {
+        for g in 0..G {
+            let ahead = blk[g].wrapping_add(PF_AHEAD);
+            for l in 0..bytes.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+            }
+        }
+    }
+
+    /// Step `s` of the quants at `at` of block `blk`.
+    #[inline(always)]
+    unsafe fn load_step(blk: *const u8, at: usize, s: usize) -> __m512i {
+        _mm512_loadu_si512(blk.add(at + s * STEP_BYTES) as *const __m512i)
+    }
+
+    /// The 16 rows' bytes at `p` (one per row) widened to i32, unsigned or signed.
+    #[inline(always)]
+    unsafe fn widen16<const SIGNED: bool>(p: *const u8) -> __m512i {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        if SIGNED {
+            _mm512_cvtepi8_epi32(v)
+        } else {
+            _mm512_cvtepu8_epi32(v)
+        }
+    }
+
+    /// Four activation quants at `p` broadcast to every lane.
+    #[inline(always)]
+    unsafe fn quad(p: *const u8) -> __m512i {
+        _mm512_set1_epi32((p as *const i32).read_unaligned())
+    }
+
+    /// Q4_K, `G` groups × `N` tokens (see [`Format::accumulate`]): per sub-block of 32, eight
+    /// `vpdpbusd` steps over the nibbles, then `vpmulld` by the row's scale; the mins by
+    /// `vpdpwssd` of each row's (min, min) pairs with the token's pairs of 32-sums.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    unsafe fn kernel_q4k<const G: usize, const N: usize>(
+        w: *const u8,
+        gb: usize,
+        acts: &Acts,
+        t0: usize,
+        out: &mut [[f32; GROUP]],
+    ) {
+        let bytes = Format::Q4_K.block_bytes();
+        let q: [*const u8; N] = std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8);
+        let d: [&[f32]; N] = std::array::from_fn(|t| acts.d(t0 + t));
+        let bsums: [&[i16]; N] = std::array::from_fn(|t| acts.bsums(t0 + t));
+        let nibble = _mm512_set1_epi8(15);
+        let mut acc = [[_mm512_setzero_ps(); N]; G];
+        for b in 0..acts.nb() {
+            let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * bytes));
+            if t0 == 0 {
+                prefetch_blocks(&blk, bytes);
+            }
+            let mut isum = [[_mm512_setzero_si512(); N]; G];
+            for j in 0..4 {
+                let mut lo = [[_mm512_setzero_si512(); N]; G];
+                let mut hi = [[_mm512_setzero_si512(); N]; G];
+                for i in 0..8 {
+                    let v: [__m512i; G] =
+                        std::array::from_fn(|g| load_step(blk[g], Q4K_QS, 8 * j + i));
+                    let wl: [__m512i; G] = std::array::from_fn(|g| _mm512_and_si512(v[g], nibble));
+                    let wh: [__m512i; G] = std::array::from_fn(|g| {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v[g]), nibble)
+                    });
+                    for t in 0..N {
+                        let at = q[t].add(b * QK_K + 64 * j + QUAD * i);
+                        let (al, ah) = (quad(at), quad(at.add(32)));
+                        for g in 0..G {
+                            lo[g][t] = _mm512_dpbusd_epi32(lo[g][t], wl[g], al);
+                            hi[g][t] = _mm512_dpbusd_epi32(hi[g][t], wh[g], ah);
+                        }
+                    }
+                }
+                for g in 0..G {
+                    let sl = widen16::<false>(blk[g].add(Q4K_SC + 2 * j * GROUP));
+                    let sh = widen16::<false>(blk[g].add(Q4K_SC + (2 * j + 1) * GROUP));
+                    for t in 0..N {
+                        let both = _mm512_add_epi32(
+                            _mm512_mullo_epi32(lo[g][t], sl),
+                            _mm512_mullo_epi32(hi[g][t], sh),
+                        );
+                        isum[g][t] = _mm512_add_epi32(isum[g][t], both);
+                    }
+                }
+            }
+            // per token, the sums of each pair of 32-sub-blocks as two i16 in one i32
+            let pairs: [[__m512i; 4]; N] = std::array::from_fn(|t| {
+                let bs = &bsums[t][b * 16..(b + 1) * 16];
+                std::array::from_fn(|p| {
+                    let s32 = |s: usize| (bs[2 * s] + bs[2 * s + 1]) as u16 as u32;
+                    _mm512_set1_epi32((s32(2 * p) | s32(2 * p + 1) << 16) as i32)
+                })
+            });
+            for g in 0..G {
+                let mins: [__m512i; 4] = std::array::from_fn(|p| {
+                    let at = blk[g].add(Q4K_M + 2 * p * GROUP) as *const __m256i;
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(at))
+                });
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk[g] as *const __m256i));
+                let dmin =
+                    _mm512_cvtph_ps(_mm256_loadu_si256(blk[g].add(SCALE_BYTES) as *const __m256i));
+                for t in 0..N {
+                    let mut msum = _mm512_setzero_si512();
+                    for p in 0..4 {
+                        msum = _mm512_dpwssd_epi32(msum, mins[p], pairs[t][p]);
+                    }
+                    let da = _mm512_set1_ps(d[t][b]);
+                    let dd = _mm512_mul_ps(dw, da);
+                    let dm = _mm512_mul_ps(dmin, da);
+                    let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g][t]), dd, acc[g][t]);
+                    acc[g][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), dm, a);
+                }
+            }
+        }
+        store(&acc, out);
+    }
+
+    /// Q6_K, `G` groups × `N` tokens (see [`Format::accumulate`]): per sub-block of 16, the sum
+    /// starts at `−32 ·` the token's 16-sum, four `vpdpbusd` steps over the six-bit quants
+    /// (nibble and bit pair joined), then `vpmulld` by the row's signed scale.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    unsafe fn kernel_q6k<const G: usize, const N: usize>(
+        w: *const u8,
+        gb: usize,
+        acts: &Acts,
+        t0: usize,
+        out: &mut [[f32; GROUP]],
+    ) {
+        let bytes = Format::Q6_K.block_bytes();
+        let q: [*const u8; N] = std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8);
+        let d: [&[f32]; N] = std::array::from_fn(|t| acts.d(t0 + t));
+        let bsums: [&[i16]; N] = std::array::from_fn(|t| acts.bsums(t0 + t));
+        let mut acc = [[_mm512_setzero_ps(); N]; G];
+        for b in 0..acts.nb() {
+            let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * bytes));
+            if t0 == 0 {
+                prefetch_blocks(&blk, bytes);
+            }
+            let mut isum = [[_mm512_setzero_si512(); N]; G];
+            let bs: [&[i16]; N] = std::array::from_fn(|t| &bsums[t][b * 16..(b + 1) * 16]);
+            let qb: [*const u8; N] = std::array::from_fn(|t| q[t].add(b * QK_K));
+            for h in 0..2 {
+                for half in 0..2 {
+                    q6k_sub::<0, G, N>(&blk, &qb, &bs, h, half, &mut isum);
+                    q6k_sub::<1, G, N>(&blk, &qb, &bs, h, half, &mut isum);
+                    q6k_sub::<2, G, N>(&blk, &qb, &bs, h, half, &mut isum);
+                    q6k_sub::<3, G, N>(&blk, &qb, &bs, h, half, &mut isum);
+                }
+            }
+            for g in 0..G {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk[g] as *const __m256i));
+                for t in 0..N {
+                    let dd = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][b]));
+                    acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g][t]), dd, acc[g][t]);
+                }
+            }
+        }
+        store(&acc, out);
+    }
+
+    /// Q6_K sub-block `8h + 2F + half` of a block (quarter `F` of half `h`), added to `isum` as
+    /// `scale · (Σ u·a − 32 · 16-sum)`: `qb` the tokens' quants of the block, `bs` their 16-sums.
+    #[inline(always)]
+    unsafe fn q6k_sub<const F: usize, const G: usize, const N: usize>(
+        blk: &[*const u8; G],
+        qb: &[*const u8; N],
+        bs: &[&[i16]; N],
+        h: usize,
+        half: usize,
+        isum: &mut [[__m512i; N]; G],
+    ) {
+        let nibble = _mm512_set1_epi8(15);
+        let pair_bits = _mm512_set1_epi8(0x30);
+        let sub = 8 * h + 2 * F + half;
+        let mut s: [[__m512i; N]; G] =
+            [std::array::from_fn(|t| _mm512_set1_epi32(-32 * i32::from(bs[t][sub]))); G];
+        for i in 4 * half..4 * half + 4 {
+            let u: [__m512i; G] = std::array::from_fn(|g| {
+                let v = load_step(blk[g], Q6K_QL, 16 * h + 8 * (F % 2) + i);
+                let low = if F < 2 { v } else { _mm512_srli_epi16::<4>(v) };
+                let qh = load_step(blk[g], Q6K_QH, 8 * h + i);
+                let bits = match F {
+                    0 => _mm512_slli_epi16::<4>(qh),
+                    1 => _mm512_slli_epi16::<2>(qh),
+                    2 => qh,
+                    _ => _mm512_srli_epi16::<2>(qh),
+                };
+                // (low & 15) | (bits & 0x30)
+                _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(low, nibble), bits, pair_bits)
+            });
+            for t in 0..N {
+                let a = quad(qb[t].add(128 * h + 32 * F + QUAD * i));
+                for g in 0..G {
+                    s[g][t] = _mm512_dpbusd_epi32(s[g][t], u[g], a);
+                }
+            }
+        }
+        for g in 0..G {
+            let sc = widen16::<true>(blk[g].add(Q6K_SC + sub * GROUP));
+            for t in 0..N {
+                isum[g][t] = _mm512_add_epi32(isum[g][t], _mm512_mullo_epi32(s[g][t], sc));
+            }
+        }
+    }
+
+    /// The accumulators of `G` groups × `N` tokens into `out[g * N + t]`.
+    #[inline(always)]
+    unsafe fn store<const G: usize, const N: usize>(
+        acc: &[[__m512; N]; G],
+        out: &mut [[f32; GROUP]],
+    ) {
+        for g in 0..G {
+            for t in 0..N {
+                _mm512_storeu_ps(out[g * N + t].as_mut_ptr(), acc[g][t]);
+            }
+        }
+    }
+
+    /// Q4_0, Q5_0, Q8_0: `G` groups × `N` tokens.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    unsafe fn kernel32<const F: u8, const G: usize, const N: usize>(
         w: *const u8,
         gb: usize,
         acts: &Acts,
@@ -502,12 +898,7 @@ mod avx512 {
         for b in 0..nb {
             let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * block_bytes));
             if t0 == 0 {
-                for g in 0..G {
-                    let ahead = blk[g].wrapping_add(PF_AHEAD);
-                    for l in 0..block_bytes.div_ceil(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
-                    }
-                }
+                prefetch_blocks(&blk, block_bytes);
             }
             let mut s = [[_mm512_setzero_si512(); N]; G];
             for t in 0..N {
@@ -524,8 +915,7 @@ mod avx512 {
                 }
                 for t in 0..N {
                     for h in 0..2 {
-                        let a = (q[t].add(b * QK + at[h]) as *const i32).read_unaligned();
-                        let av = _mm512_set1_epi32(a);
+                        let av = quad(q[t].add(b * QK + at[h]));
                         for g in 0..G {
                             s[g][t] = _mm512_dpbusd_epi32(s[g][t], wv[g][h], av);
                         }
@@ -543,11 +933,7 @@ mod avx512 {
                 }
             }
         }
-        for g in 0..G {
-            for t in 0..N {
-                _mm512_storeu_ps(out[g * N + t].as_mut_ptr(), acc[g][t]);
-            }
-        }
+        store(&acc, out);
     }
 }
 
@@ -558,8 +944,14 @@ mod tests {
     use super::*;
     use crate::quant::dequantize;
 
-    /// Shapes with partial last groups, one-block rows and every token-tile remainder.
-    const SHAPES: &[(usize, usize)] = &[(1, 32), (15, 96), (16, 640), (37, 64), (100, 320)];
+    /// Shapes with partial last groups, one-block rows and every token-tile remainder, in blocks
+    /// of the type's columns.
+    fn shapes(ty: GgmlType) -> impl Iterator<Item = (usize, usize)> {
+        let cols = ty.block_size();
+        [(1, 1), (15, 3), (16, 20), (37, 2), (100, 10)]
+            .into_iter()
+            .map(move |(rows, blocks)| (rows, blocks * cols))
+    }
 
     fn case(
         rng: &mut Rng,
@@ -587,29 +979,52 @@ mod tests {
         y
     }
 
+    /// Row `lane`'s weight `k` of a group block, dequantised from the interleaved bytes as ggml
+    /// dequantises its own blocks.
+    fn weight(format: Format, blk: &[u8], lane: usize, k: usize) -> f32 {
+        let f16_at = |at: usize| {
+            fp16_to_fp32(half::f16::from_le_bytes([
+                blk[at + 2 * lane],
+                blk[at + 2 * lane + 1],
+            ]))
+        };
+        let u = format.get(blk, lane, k);
+        match format {
+            Format::Q4_K => {
+                let s = k / 32;
+                let sc = f32::from(blk[Q4K_SC + s * GROUP + lane]);
+                let m = f32::from(blk[Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2]);
+                (f16_at(0) * sc) * u as f32 - f16_at(SCALE_BYTES) * m
+            }
+            Format::Q6_K => {
+                let sc = f32::from(blk[Q6K_SC + k / 16 * GROUP + lane] as i8);
+                f16_at(0) * sc * (u - 32) as f32
+            }
+            _ => (u - format.offset()) as f32 * f16_at(0),
+        }
+    }
+
     #[test]
-    fn the_layout_keeps_every_quant() {
+    fn the_layout_keeps_every_weight() {
         let mut rng = Rng(10);
         for ty in Interleaved::TYPES {
-            let (rows, cols) = (37, 64);
+            let (rows, cols) = (37, 2 * ty.block_size());
             let w = random_matrix(&mut rng, ty, rows, cols);
             let il = interleave(ty, rows, cols, &w);
             assert_eq!(il.ty(), ty);
             let mut wf = vec![0f32; rows * cols];
             dequantize(ty, &w, &mut wf).unwrap();
-            let format = il.format;
+            let (format, bc) = (il.format, ty.block_size());
             for r in 0..rows {
                 let group = il.groups(r / GROUP, 1);
-                for b in 0..cols / QK {
-                    let blk = &group[b * format.block_bytes()..][..format.block_bytes()];
-                    let (scales, quants) = blk.split_at(SCALE_BYTES);
-                    let lane = r % GROUP;
-                    let dw = half::f16::from_le_bytes([scales[2 * lane], scales[2 * lane + 1]]);
-                    for k in 0..QK {
-                        let q = format.get(quants, lane, k) - format.offset();
-                        let want = wf[r * cols + b * QK + k];
-                        assert_eq!(q as f32 * fp16_to_fp32(dw), want, "{ty} row {r} col {k}");
-                    }
+                for k in 0..cols {
+                    let blk = &group[k / bc * format.block_bytes()..][..format.block_bytes()];
+                    let got = weight(format, blk, r % GROUP, k % bc);
+                    assert_eq!(
+                        got.to_bits(),
+                        wf[r * cols + k].to_bits(),
+                        "{ty} row {r} col {k}"
+                    );
                 }
             }
         }
@@ -619,7 +1034,7 @@ mod tests {
     fn the_fast_path_gives_the_scalar_bits() {
         let mut rng = Rng(11);
         for ty in Interleaved::TYPES {
-            for &(rows, cols) in SHAPES {
+            for (rows, cols) in shapes(ty) {
                 for n in 1..=9 {
                     let (w, x) = case(&mut rng, ty, rows, cols, n);
                     let il = interleave(ty, rows, cols, &w);
@@ -643,7 +1058,7 @@ mod tests {
     fn results_match_the_row_major_product() {
         let mut rng = Rng(12);
         for ty in Interleaved::TYPES {
-            for &(rows, cols) in SHAPES {
+            for (rows, cols) in shapes(ty) {
                 let n = 3;
                 let (w, x) = case(&mut rng, ty, rows, cols, n);
                 let m = Matrix::new(ty, rows, cols, &w).unwrap();
@@ -657,13 +1072,18 @@ mod tests {
                 round_like_matmul_input(ty, &mut xr, n, cols).unwrap();
                 for t in 0..n {
                     for r in 0..rows {
-                        let terms = wf[r * cols..(r + 1) * cols]
+                        let row = &wf[r * cols..(r + 1) * cols];
+                        let xt = &xr[t * cols..(t + 1) * cols];
+                        let exact: f64 = row
                             .iter()
-                            .zip(&xr[t * cols..(t + 1) * cols])
-                            .map(|(&a, &b)| f64::from(a) * f64::from(b));
-                        let (exact, size) =
-                            terms.fold((0f64, 0f64), |(s, m), p| (s + p, m + p.abs()));
-                        // one rounding of the scale product and of each block's accumulate
+                            .zip(xt)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
+                        // Q4_K's scaled quants and mins each reach about the row's largest weight
+                        // and may cancel: bound by that, not by the products
+                        let w_max = row.iter().fold(0f64, |m, &a| m.max(f64::from(a.abs())));
+                        let size: f64 = xt.iter().map(|&b| 2.0 * w_max * f64::from(b.abs())).sum();
+                        // one rounding of the scale product and of each block's accumulate(s)
                         let bound = size * (cols / QK + 2) as f64 * f64::from(f32::EPSILON);
                         let (got, rm) = (y[t * rows + r], row_major[t * rows + r]);
                         assert!(
@@ -684,8 +1104,9 @@ mod tests {
     #[test]
     fn bits_do_not_depend_on_the_batch_or_the_threads() {
         let mut rng = Rng(13);
-        let (rows, cols, n) = (100, 320, 7);
+        let (rows, n) = (100, 7);
         for ty in Interleaved::TYPES {
+            let cols = 3 * ty.block_size();
             let (w, x) = case(&mut rng, ty, rows, cols, n);
             let il = interleave(ty, rows, cols, &w);
             let batch = in_pool(2, || product(&il, &x, n, false));

@@ -299,7 +299,6 @@ fn dot_q6_k(row: &[u8], a: &Acts, t: usize) -> f32 {
 /// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block, unpacked as ggml's `utmp` trick does
 /// (the same values as [`get_scale_min_k4`] for `j` in `0..8`).
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn k4_scales_mins(scales: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
