@@ -1,7 +1,8 @@
 //! The dense forward pass against llama.cpp on the same GGUF files: greedy continuations equal
 //! for the first 32 tokens of every reference prompt (or, where llama.cpp disagrees with itself
-//! sooner across its own modes, for as long as it agrees with itself), and the top-10 logits of
-//! the first four steps within a stated tolerance. Reference data and the commands that made it:
+//! sooner across its own modes, for as long as it agrees with itself; a step whose top two logits
+//! are a near-tie may pick either, see [`TIE_MARGIN`]), and the top-10 logits of the first four
+//! steps within a stated tolerance. Reference data and the commands that made it:
 //! `tests/reference/make_llama_refs.sh`.
 
 mod common;
@@ -20,6 +21,12 @@ use serde_json::Value;
 const LOGIT_TOLERANCE: f32 = 1.0;
 /// Greedy tokens that must agree exactly.
 const GREEDY_TOKENS: usize = 32;
+/// A greedy step may differ from llama.cpp's only where llama.cpp's token is within this much of
+/// our best logit: a near-tie that float summation order decides (llama.cpp's own logits move by
+/// up to 0.64 between its modes), seen on Gemma at a gap of 0.055.
+const TIE_MARGIN: f32 = 0.1;
+/// Near-tie steps allowed per prompt.
+const MAX_TIES: usize = 2;
 
 fn references(name: &str) -> Vec<Value> {
     std::fs::read_to_string(data_path(&format!("llama_cpp/{name}.jsonl")))
@@ -51,6 +58,7 @@ fn check_model(path: &std::path::Path, reference: &str) {
         let mut session = Session::new(&model, 1024, pool.clone());
         let mut logits = session.eval(&prompt, Logits::Last).unwrap();
         let mut worst = 0f32;
+        let mut ties = 0;
         // Follow llama.cpp's tokens, so that the logits of every checked step are comparable.
         for (step, &theirs_next) in expected
             .iter()
@@ -64,11 +72,14 @@ fn check_model(path: &std::path::Path, reference: &str) {
                     worst = worst.max((logits[id] - theirs).abs());
                 }
             }
-            if step < must_agree {
-                assert_eq!(
-                    argmax(&logits),
-                    theirs_next,
-                    "prompt {:?}: greedy token {step} differs (llama.cpp: {:?})",
+            let ours_next = argmax(&logits);
+            if step < must_agree && ours_next != theirs_next {
+                let gap = logits[ours_next as usize] - logits[theirs_next as usize];
+                ties += 1;
+                assert!(
+                    gap <= TIE_MARGIN && ties <= MAX_TIES,
+                    "prompt {:?}: greedy token {step} differs ({ours_next} vs {theirs_next}, \
+                     logit gap {gap}; llama.cpp: {:?})",
                     r["prompt"],
                     r["text"]
                 );
@@ -82,7 +93,7 @@ fn check_model(path: &std::path::Path, reference: &str) {
         );
         let n = must_agree;
         eprintln!(
-            "{:?}: {n} greedy tokens equal, top-logit max |diff| {worst:.4}",
+            "{:?}: {n} greedy tokens equal ({ties} near-ties), top-logit max |diff| {worst:.4}",
             r["prompt"]
         );
     }

@@ -1,32 +1,36 @@
-//! Q4_0, Q5_0 and Q8_0 matrices repacked 16 rows at a time, for a product in which each 32-bit lane
-//! of an AVX-512 register is one weight row.
+//! Q4_0, Q5_0, Q8_0, Q4_K and Q6_K matrices repacked 16 rows at a time, for a product in which each
+//! 32-bit lane of an AVX-512 register is one weight row.
 //!
-//! ggml's row-major layout puts one row's block in a register: `vpdpbusd` leaves eight partial sums
-//! per block, and every block then costs a conversion, a scale multiply and an accumulate for only
-//! two blocks' worth of lanes. Here the weights of 16 rows are interleaved four quants at a time, so
-//! one `vpdpbusd` against a broadcast of four activation bytes advances 16 rows at once and eight of
-//! them finish each row's whole block sum in its own lane: per block, 16 rows and one token take
-//! eight `vpdpbusd` and three float instructions, 512 products for 11 instructions (plus the nibble
-//! unpacking of Q4_0 and Q5_0). That is llama.cpp's idea of repacking weights for the CPU
-//! ("interleaved" Q4_0 / Q8_0 layouts), here for the 512-bit VNNI product.
+//! ggml's row-major layout puts one row's block in a register: `vpdpbusd` leaves partial sums that
+//! every block must reduce, scale and accumulate for only a few lanes' worth of products. Here the
+//! weights of 16 rows are interleaved four quants at a time, so one `vpdpbusd` against a broadcast
+//! of four activation bytes advances 16 rows at once and eight of them finish each row's whole
+//! 32-quant sum in its own lane: per 32 columns, 16 rows and one token take eight `vpdpbusd` and a
+//! few scale instructions, shared by the 16 rows. That is llama.cpp's idea of repacking weights
+//! for the CPU ("interleaved" Q4_0 / Q4_K / Q8_0 layouts), here for the 512-bit VNNI product.
 //!
 //! Layout: groups of 16 rows (the last group padded with zero rows, scale 0); in a group, for each
-//! block of 32 columns, the 16 rows' f16 scales (32 bytes), then the quants as unsigned values
-//! (`q + offset`, the offset 8, 16 or 128 of the type), in steps of 64 bytes, four bytes per row,
-//! row after row:
-//! - Q8_0: eight steps; step `j` holds quants `4j..4j + 4` (as `q ^ 0x80`). 544 bytes per block.
-//! - Q4_0: four steps; step `j` is ggml's quant bytes `4j..4j + 4` as they are: the low nibbles are
-//!   quants `4j..4j + 4` and the high ones `16 + 4j..`. 288 bytes per block.
-//! - Q5_0: Q4_0's four steps, then eight 64-bit masks (one bit per byte of a step) of the fifth
-//!   bits: mask `2j` for the low nibbles of step `j`, `2j + 1` for the high ones. 352 bytes.
+//! ggml block of the row (32 or 256 columns), the 16 rows' scales, then the quants as unsigned
+//! values in steps of 64 bytes, four bytes per row, row after row:
+//! - Q8_0: f16 scales; eight steps, step `j` holding quants `4j..4j + 4` as `q ^ 0x80`. 544 bytes.
+//! - Q4_0: f16 scales; four steps, step `j` ggml's quant bytes `4j..4j + 4` as they are: the low
+//!   nibbles are quants `4j..4j + 4`, the high ones `16 + 4j..`. 288 bytes.
+//! - Q5_0: Q4_0's, then eight 64-bit masks (one bit per byte of a step) of the fifth bits: mask
+//!   `2j` for the low nibbles of step `j`, `2j + 1` for the high ones. 352 bytes.
+//! - Q4_K: f16 `d` and `dmin`, the eight 6-bit scales `[sub-block][row]` and mins
+//!   `[pair of sub-blocks][row][2]` unpacked to bytes, then ggml's 128 quant bytes as 32 steps
+//!   (step `8j + i` = bytes `32j + 4i..`: low nibbles quants `64j + 4i..`, high `64j + 32 + 4i..`).
+//!   2368 bytes (ggml's 16 × 144 plus 64 for the unpacked scales).
+//! - Q6_K: f16 `d`, the sixteen i8 scales `[sub-block][row]`, ggml's 128 `ql` bytes as 32 steps and
+//!   its 64 `qh` bytes as 16; quarter `f` of half `h` joins a nibble of `ql` step `16h + 8(f % 2) + i`
+//!   with bit pair `f` of `qh` step `8h + i`. 3360 bytes, ggml's own.
 //!
-//! Every type keeps exactly its ggml bytes per row.
-//!
-//! Arithmetic: for row `r` and token `t`, block by block in column order,
-//! `acc = fma(f32(isum), dw · da, acc)` with `isum` the exact integer block sum (ggml's), `dw` the
-//! weight's and `da` the activation's block scale; every path computes exactly that, so the scalar
-//! loop and the AVX-512 kernel give the same bits. Against ggml's row-major product only the float
-//! accumulation order differs.
+//! Arithmetic: for row `r` and token `t`, block by block in column order, the exact integer sums of
+//! ggml's `vec_dot` (`isum`, and Q4_K's `msum` of mins times the token's 32-sums), then
+//! `acc = fma(f32(isum), dw · da, acc)` (Q4_K then `acc = fma(f32(msum), −(dmin · da), acc)`) with
+//! `dw` the weight's and `da` the activation's block scale; every path computes exactly that, so
+//! the scalar loop and the AVX-512 kernels give the same bits. Against ggml's row-major product
+//! only the float accumulation order differs.
 
 use rayon::prelude::*;
 

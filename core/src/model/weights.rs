@@ -20,8 +20,9 @@ pub struct Weight {
     /// Input dimension (ggml `ne[0]`).
     pub cols: usize,
     data: WeightData,
-    /// A Q4_0, Q5_0 or Q8_0 weight's 16-row interleaved copy, made on its first CPU product where
-    /// this CPU runs that layout faster (see [`Model::matmul`]); shared by clones.
+    /// The 16-row interleaved copy of a weight of one of [`Interleaved::TYPES`], made on its first
+    /// CPU product where this CPU runs that layout faster (see [`Model::matmul`]); shared by
+    /// clones.
     interleaved: Arc<OnceLock<Option<Interleaved>>>,
 }
 
@@ -225,10 +226,10 @@ impl Model {
         }
     }
 
-    /// `W · x` for `n` token rows of `x` on the CPU, as [`cpu::matmul`] computes it; a Q4_0, Q5_0
-    /// or Q8_0 weight goes through its 16-row interleaved copy ([`Interleaved`], made on first use)
-    /// where this CPU runs that layout faster: the same integer block sums, another float
-    /// accumulation order.
+    /// `W · x` for `n` token rows of `x` on the CPU, as [`cpu::matmul`] computes it; a Q4_0, Q5_0,
+    /// Q8_0, Q4_K or Q6_K weight goes through its 16-row interleaved copy ([`Interleaved`], made on
+    /// first use) where this CPU runs that layout faster: the same integer block sums, another
+    /// float accumulation order.
     pub fn matmul(&self, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut y = vec![0f32; n * w.rows];
         let interleaved = w.interleaved.get_or_init(|| {
