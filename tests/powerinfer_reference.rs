@@ -6,9 +6,11 @@
 //!
 //! F16 files: all 32 tokens, byte for byte (both add `f16(a_i) · w_i` with an FMA). Q4_0 files:
 //! PowerInfer's axpy multiplies the integer `q_w · q_a` by `d_w · d_a` and adds without an FMA,
-//! ours adds `(d_a q_a) · (d_w q_w)` with one; the random synthetic models have nearly flat logits,
-//! and two of the three Q4_0 cases flip an argmax after about 25 and 31 tokens. Q4_0 is therefore checked
-//! for the first [`Q4_0_TOKENS`] tokens (open work: reproduce PowerInfer's Q4_0 arithmetic).
+//! ours adds `(d_a q_a) · (d_w q_w)` with one, and our dense products sum in another order; the
+//! random synthetic models have nearly flat logits, so a Q4_0 step may pick another token where
+//! PowerInfer's is within [`TIE_MARGIN`] of ours (a near-tie; the run then follows PowerInfer's
+//! token, the one whose piece continues its text), at most [`MAX_TIES`] times per file. Both runs
+//! ignore EOS (PowerInfer ran with `--ignore-eos`).
 
 mod common;
 
@@ -24,8 +26,12 @@ use hotcold::synth::{self, SynthArch, SynthConfig};
 use hotcold::tokenizer::Tokenizer;
 use serde_json::Value;
 
-/// Tokens that must match on Q4_0 files (all of them on F16 files).
-const Q4_0_TOKENS: usize = 16;
+/// On Q4_0 files a greedy step may pick another token than PowerInfer only where PowerInfer's is
+/// within this much of our best logit (a near-tie that summation order decides); the run then
+/// follows PowerInfer's token.
+const TIE_MARGIN: f32 = 0.05;
+/// Near-tie steps allowed per Q4_0 file (none on F16 files).
+const MAX_TIES: usize = 3;
 
 fn ggml_type(name: &str) -> GgmlType {
     match name {
@@ -57,38 +63,56 @@ fn sparse_greedy_text_equals_powerinfer() {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let mut logits = session.eval(&prompt, Logits::Last).unwrap();
-        let mut generated = Vec::new();
-        let n = match cfg.ty {
-            GgmlType::F16 => r["n"].as_u64().unwrap() as usize,
-            _ => Q4_0_TOKENS,
-        };
-        for _ in 0..n {
-            let next = argmax(&logits);
-            generated.push(next);
-            logits = session.eval(&[next], Logits::Last).unwrap();
-        }
-        // PowerInfer prints each token's piece as it comes (a leading space included).
-        let ours: Vec<u8> = generated
-            .iter()
-            .flat_map(|&t| tokenizer.token_to_piece_with(t, false).to_vec())
-            .collect();
         let hex = r["generated_hex"].as_str().unwrap();
-        let all: Vec<u8> = (0..hex.len() / 2)
+        let theirs: Vec<u8> = (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
             .collect();
-        let theirs = all[..ours.len().min(all.len())].to_vec();
-        if n == r["n"].as_u64().unwrap() as usize {
-            assert_eq!(ours.len(), all.len(), "the whole output is compared");
+        let what = format!("{} {} {}", r["preset"], r["arch"], r["type"]);
+        let n = r["n"].as_u64().unwrap() as usize;
+        let max_ties = if cfg.ty == GgmlType::F16 { 0 } else { MAX_TIES };
+        // PowerInfer prints each token's piece as it comes (a leading space included).
+        let piece = |t: u32| tokenizer.token_to_piece_with(t, false).to_vec();
+        let mut logits = session.eval(&prompt, Logits::Last).unwrap();
+        let (mut at, mut ties) = (0, 0);
+        for step in 0..n {
+            let rest = &theirs[at..];
+            // a token that continues PowerInfer's text (the last one ends it)
+            let continues = |&t: &u32| {
+                let p = piece(t);
+                !p.is_empty()
+                    && if step + 1 == n {
+                        p == rest
+                    } else {
+                        rest.starts_with(&p)
+                    }
+            };
+            if let Some(eos) = tokenizer.eos() {
+                logits[eos as usize] = f32::NEG_INFINITY; // as PowerInfer's --ignore-eos
+            }
+            let best = argmax(&logits);
+            let next = if continues(&best) {
+                best
+            } else {
+                // PowerInfer's token: the best-scoring one that continues its text
+                let pi = (0..logits.len() as u32)
+                    .filter(continues)
+                    .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
+                    .unwrap_or_else(|| panic!("{what}: no token continues PowerInfer's text"));
+                let gap = logits[best as usize] - logits[pi as usize];
+                ties += 1;
+                assert!(
+                    gap <= TIE_MARGIN && ties <= max_ties,
+                    "{what}: token {step} differs ({best} vs PowerInfer's {pi}, logit gap {gap}); \
+                     ours so far {:?}, PowerInfer's {:?}",
+                    String::from_utf8_lossy(&theirs[..at]),
+                    String::from_utf8_lossy(&theirs)
+                );
+                eprintln!("{what}: near-tie at token {step} (gap {gap})");
+                pi
+            };
+            at += piece(next).len();
+            logits = session.eval(&[next], Logits::Last).unwrap();
         }
-        assert_eq!(
-            String::from_utf8_lossy(&ours),
-            String::from_utf8_lossy(&theirs),
-            "{} {} {}",
-            r["preset"],
-            r["arch"],
-            r["type"]
-        );
-        assert_eq!(ours, theirs);
+        assert_eq!(at, theirs.len(), "{what}: the whole output is compared");
     }
 }
