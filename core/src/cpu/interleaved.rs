@@ -662,15 +662,39 @@ mod avx512 {
         }
     }
 
-    /// Prefetches `PF_AHEAD` bytes ahead of each group's block (`bytes` long).
+    /// Block `b` (`bytes` long) of each of `G` groups (`gb` bytes apart) at `w`; the first token
+    /// tile (`prefetch`) also prefetches `PF_AHEAD` bytes ahead of each.
     #[inline(always)]
-    unsafe fn prefetch_blocks<const G: usize>(blk: &[*const u8; G], bytes: usize) {
-        for g in 0..G {
-            let ahead = blk[g].wrapping_add(PF_AHEAD);
-            for l in 0..bytes.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+    unsafe fn blocks<const G: usize>(
+        w: *const u8,
+        gb: usize,
+        b: usize,
+        bytes: usize,
+        prefetch: bool,
+    ) -> [*const u8; G] {
+        let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * bytes));
+        if prefetch {
+            for g in 0..G {
+                let ahead = blk[g].wrapping_add(PF_AHEAD);
+                for l in 0..bytes.div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+                }
             }
         }
+        blk
+    }
+
+    /// Tokens `t0..t0 + N` of Q8_K activations: quants, block scales and 16-sums.
+    #[inline(always)]
+    fn k_tokens<const N: usize>(
+        acts: &Acts,
+        t0: usize,
+    ) -> ([*const u8; N], [&[f32]; N], [&[i16]; N]) {
+        (
+            std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8),
+            std::array::from_fn(|t| acts.d(t0 + t)),
+            std::array::from_fn(|t| acts.bsums(t0 + t)),
+        )
     }
 
     /// Step `s` of the quants at `at` of block `blk`.
@@ -708,16 +732,11 @@ mod avx512 {
         out: &mut [[f32; GROUP]],
     ) {
         let bytes = Format::Q4_K.block_bytes();
-        let q: [*const u8; N] = std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8);
-        let d: [&[f32]; N] = std::array::from_fn(|t| acts.d(t0 + t));
-        let bsums: [&[i16]; N] = std::array::from_fn(|t| acts.bsums(t0 + t));
+        let (q, d, bsums) = k_tokens::<N>(acts, t0);
         let nibble = _mm512_set1_epi8(15);
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for b in 0..acts.nb() {
-            let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * bytes));
-            if t0 == 0 {
-                prefetch_blocks(&blk, bytes);
-            }
+            let blk = blocks::<G>(w, gb, b, bytes, t0 == 0);
             let mut isum = [[_mm512_setzero_si512(); N]; G];
             for j in 0..4 {
                 let mut lo = [[_mm512_setzero_si512(); N]; G];
@@ -794,15 +813,10 @@ mod avx512 {
         out: &mut [[f32; GROUP]],
     ) {
         let bytes = Format::Q6_K.block_bytes();
-        let q: [*const u8; N] = std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8);
-        let d: [&[f32]; N] = std::array::from_fn(|t| acts.d(t0 + t));
-        let bsums: [&[i16]; N] = std::array::from_fn(|t| acts.bsums(t0 + t));
+        let (q, d, bsums) = k_tokens::<N>(acts, t0);
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for b in 0..acts.nb() {
-            let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * bytes));
-            if t0 == 0 {
-                prefetch_blocks(&blk, bytes);
-            }
+            let blk = blocks::<G>(w, gb, b, bytes, t0 == 0);
             let mut isum = [[_mm512_setzero_si512(); N]; G];
             let bs: [&[i16]; N] = std::array::from_fn(|t| &bsums[t][b * 16..(b + 1) * 16]);
             let qb: [*const u8; N] = std::array::from_fn(|t| q[t].add(b * QK_K));
@@ -900,10 +914,7 @@ mod avx512 {
         let isum: [&[i32]; N] = std::array::from_fn(|t| acts.isum(t0 + t));
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for b in 0..nb {
-            let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * block_bytes));
-            if t0 == 0 {
-                prefetch_blocks(&blk, block_bytes);
-            }
+            let blk = blocks::<G>(w, gb, b, block_bytes, t0 == 0);
             let mut s = [[_mm512_setzero_si512(); N]; G];
             for t in 0..N {
                 let init = _mm512_set1_epi32(-offset * isum[t][b]);
@@ -948,13 +959,14 @@ mod tests {
     use super::*;
     use crate::quant::dequantize;
 
-    /// Shapes with partial last groups, one-block rows and every token-tile remainder, in blocks
-    /// of the type's columns.
-    fn shapes(ty: GgmlType) -> impl Iterator<Item = (usize, usize)> {
-        let cols = ty.block_size();
-        [(1, 1), (15, 3), (16, 20), (37, 2), (100, 10)]
-            .into_iter()
-            .map(move |(rows, blocks)| (rows, blocks * cols))
+    /// Runs `f` on every type and on shapes with partial last groups, one-block rows and every
+    /// token-tile remainder (counted in blocks of the type's columns).
+    fn each_shape(mut f: impl FnMut(GgmlType, usize, usize)) {
+        for ty in Interleaved::TYPES {
+            for (rows, blocks) in [(1, 1), (15, 3), (16, 20), (37, 2), (100, 10)] {
+                f(ty, rows, blocks * ty.block_size());
+            }
+        }
     }
 
     fn case(
@@ -1037,23 +1049,21 @@ mod tests {
     #[test]
     fn the_fast_path_gives_the_scalar_bits() {
         let mut rng = Rng(11);
-        for ty in Interleaved::TYPES {
-            for (rows, cols) in shapes(ty) {
-                for n in 1..=9 {
-                    let (w, x) = case(&mut rng, ty, rows, cols, n);
-                    let il = interleave(ty, rows, cols, &w);
-                    let (fast, scalar) = (product(&il, &x, n, false), product(&il, &x, n, true));
-                    let same = fast
-                        .iter()
-                        .zip(&scalar)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{ty} {rows}×{cols}, {n} tokens: {fast:?} vs {scalar:?}"
-                    );
-                }
+        each_shape(|ty, rows, cols| {
+            for n in 1..=9 {
+                let (w, x) = case(&mut rng, ty, rows, cols, n);
+                let il = interleave(ty, rows, cols, &w);
+                let (fast, scalar) = (product(&il, &x, n, false), product(&il, &x, n, true));
+                let same = fast
+                    .iter()
+                    .zip(&scalar)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{ty} {rows}×{cols}, {n} tokens: {fast:?} vs {scalar:?}"
+                );
             }
-        }
+        });
     }
 
     /// The scalar path against an f64 product of the dequantised weights and the activations as
@@ -1061,48 +1071,46 @@ mod tests {
     #[test]
     fn results_match_the_row_major_product() {
         let mut rng = Rng(12);
-        for ty in Interleaved::TYPES {
-            for (rows, cols) in shapes(ty) {
-                let n = 3;
-                let (w, x) = case(&mut rng, ty, rows, cols, n);
-                let m = Matrix::new(ty, rows, cols, &w).unwrap();
-                let il = Interleaved::from_matrix(&m).unwrap();
-                let y = product(&il, &x, n, true);
-                let mut row_major = vec![0f32; n * rows];
-                matmul_with_simd("scalar", &m, &x, n, &mut row_major).unwrap();
-                let mut wf = vec![0f32; rows * cols];
-                dequantize(ty, &w, &mut wf).unwrap();
-                let mut xr = x.clone();
-                round_like_matmul_input(ty, &mut xr, n, cols).unwrap();
-                for t in 0..n {
-                    for r in 0..rows {
-                        let row = &wf[r * cols..(r + 1) * cols];
-                        let xt = &xr[t * cols..(t + 1) * cols];
-                        let exact: f64 = row
-                            .iter()
-                            .zip(xt)
-                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                            .sum();
-                        // Q4_K's scaled quants and mins each reach about the row's largest weight
-                        // and may cancel: bound by that, not by the products
-                        let w_max = row.iter().fold(0f64, |m, &a| m.max(f64::from(a.abs())));
-                        let size: f64 = xt.iter().map(|&b| 2.0 * w_max * f64::from(b.abs())).sum();
-                        // one rounding of the scale product and of each block's accumulate(s)
-                        let bound = size * (cols / QK + 2) as f64 * f64::from(f32::EPSILON);
-                        let (got, rm) = (y[t * rows + r], row_major[t * rows + r]);
-                        assert!(
-                            (f64::from(got) - exact).abs() <= bound,
-                            "{ty} {rows}×{cols} row {r} token {t}: {got} vs exact {exact} \
-                             (bound {bound})"
-                        );
-                        assert!(
-                            (f64::from(got) - f64::from(rm)).abs() <= 2.0 * bound,
-                            "{ty} {rows}×{cols} row {r} token {t}: {got} vs row-major {rm}"
-                        );
-                    }
+        each_shape(|ty, rows, cols| {
+            let n = 3;
+            let (w, x) = case(&mut rng, ty, rows, cols, n);
+            let m = Matrix::new(ty, rows, cols, &w).unwrap();
+            let il = Interleaved::from_matrix(&m).unwrap();
+            let y = product(&il, &x, n, true);
+            let mut row_major = vec![0f32; n * rows];
+            matmul_with_simd("scalar", &m, &x, n, &mut row_major).unwrap();
+            let mut wf = vec![0f32; rows * cols];
+            dequantize(ty, &w, &mut wf).unwrap();
+            let mut xr = x.clone();
+            round_like_matmul_input(ty, &mut xr, n, cols).unwrap();
+            for t in 0..n {
+                for r in 0..rows {
+                    let row = &wf[r * cols..(r + 1) * cols];
+                    let xt = &xr[t * cols..(t + 1) * cols];
+                    let exact: f64 = row
+                        .iter()
+                        .zip(xt)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    // Q4_K's scaled quants and mins each reach about the row's largest weight
+                    // and may cancel: bound by that, not by the products
+                    let w_max = row.iter().fold(0f64, |m, &a| m.max(f64::from(a.abs())));
+                    let size: f64 = xt.iter().map(|&b| 2.0 * w_max * f64::from(b.abs())).sum();
+                    // one rounding of the scale product and of each block's accumulate(s)
+                    let bound = size * (cols / QK + 2) as f64 * f64::from(f32::EPSILON);
+                    let (got, rm) = (y[t * rows + r], row_major[t * rows + r]);
+                    assert!(
+                        (f64::from(got) - exact).abs() <= bound,
+                        "{ty} {rows}×{cols} row {r} token {t}: {got} vs exact {exact} \
+                         (bound {bound})"
+                    );
+                    assert!(
+                        (f64::from(got) - f64::from(rm)).abs() <= 2.0 * bound,
+                        "{ty} {rows}×{cols} row {r} token {t}: {got} vs row-major {rm}"
+                    );
                 }
             }
-        }
+        });
     }
 
     #[test]
