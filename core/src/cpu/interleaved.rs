@@ -292,9 +292,15 @@ impl Interleaved {
 
     /// Repacks a matrix of one of [`Interleaved::TYPES`] (in parallel on the current rayon pool).
     ///
-    /// Errors: [`Error::InvalidArgument`] for a matrix of another type or a malformed one.
+    /// Errors: [`Error::InvalidArgument`] for a matrix of another type, without columns or
+    /// malformed.
     pub fn from_matrix(w: &Matrix) -> Result<Self> {
         w.validate()?;
+        if w.cols == 0 {
+            return Err(Error::InvalidArgument(
+                "the interleaved layout needs at least one column".into(),
+            ));
+        }
         let format = Format::of(w.ty).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "the interleaved layout takes Q4_0, Q5_0, Q8_0, Q4_K or Q6_K weights, not {}",
@@ -1157,6 +1163,8 @@ mod tests {
         let f16 = vec![0u8; 2 * 32 * 2];
         let m = Matrix::new(GgmlType::F16, 2, 32, &f16).unwrap();
         assert!(Interleaved::from_matrix(&m).is_err());
+        let no_columns = Matrix::new(GgmlType::Q8_0, 3, 0, &[]).unwrap();
+        assert!(Interleaved::from_matrix(&no_columns).is_err());
         let mut rng = Rng(14);
         let (w, x) = case(&mut rng, GgmlType::Q8_0, 4, 64, 2);
         let il = interleave(GgmlType::Q8_0, 4, 64, &w);
