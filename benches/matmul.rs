@@ -61,7 +61,7 @@ fn main() {
         }
         let data = weights(ty, rows, cols);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
-        // Q4_0, Q5_0 and Q8_0 also in the 16-row interleaved layout, where this CPU runs it fast
+        // the interleaved types also in the 16-row layout, where this CPU runs it fast
         let interleaved = (Interleaved::TYPES.contains(&ty) && Interleaved::is_fast())
             .then(|| Interleaved::from_matrix(&w).unwrap());
         for n in [1usize, 8, 64] {

@@ -57,6 +57,10 @@ const Q4K_SC: usize = 2 * SCALE_BYTES;
 const Q4K_M: usize = Q4K_SC + 8 * GROUP;
 /// Q4_K: where the 32 nibble steps start.
 const Q4K_QS: usize = Q4K_M + 8 * GROUP;
+/// Q4_K: where row `lane`'s min of sub-block `s` lies (`[pair of sub-blocks][row][2]`).
+const fn q4k_min_at(s: usize, lane: usize) -> usize {
+    Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2
+}
 /// Q6_K group block: where the 16 rows' scales (`[sub-block][row]`, i8) start.
 const Q6K_SC: usize = SCALE_BYTES;
 /// Q6_K: where the 32 steps of low nibbles start.
@@ -116,6 +120,11 @@ impl Format {
         }
     }
 
+    /// Bytes of one group of 16 rows of `cols` columns.
+    fn group_bytes(self, cols: usize) -> usize {
+        cols / self.block_cols() * self.block_bytes()
+    }
+
     /// The activations' format: ggml's `vec_dot_type`.
     fn act_kind(self) -> ActKind {
         match self {
@@ -136,15 +145,16 @@ impl Format {
         let copy4 = |blk: &mut [u8], to: usize, from: &[u8]| {
             blk[to..to + QUAD].copy_from_slice(&from[..QUAD])
         };
+        // the f16 `d`: first in ggml's blocks, last in Q6_K's
+        let d_at = if self == Format::Q6_K { 208 } else { 0 };
+        blk[2 * lane..2 * lane + 2].copy_from_slice(&src[d_at..d_at + 2]);
         match self {
             Format::Q8_0 => {
-                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
                 for (k, &q) in src[2..2 + QK].iter().enumerate() {
                     blk[step(SCALE_BYTES, k / QUAD) + k % QUAD] = q ^ 0x80;
                 }
             }
             Format::Q4_0 | Format::Q5_0 => {
-                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
                 let (qh, qs) = if self == Format::Q5_0 {
                     (
                         u32::from_le_bytes(src[2..6].try_into().unwrap()),
@@ -165,19 +175,17 @@ impl Format {
                 }
             }
             Format::Q4_K => {
-                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[..2]);
                 blk[SCALE_BYTES + 2 * lane..SCALE_BYTES + 2 * lane + 2].copy_from_slice(&src[2..4]);
                 let (sc, m) = super::scalar::k4_scales_mins(src[4..16].try_into().unwrap());
                 for s in 0..8 {
                     blk[Q4K_SC + s * GROUP + lane] = sc[s];
-                    blk[Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2] = m[s];
+                    blk[q4k_min_at(s, lane)] = m[s];
                 }
                 for st in 0..32 {
                     copy4(blk, step(Q4K_QS, st), &src[16 + st * QUAD..]);
                 }
             }
             Format::Q6_K => {
-                blk[2 * lane..2 * lane + 2].copy_from_slice(&src[208..210]);
                 for s in 0..16 {
                     blk[Q6K_SC + s * GROUP + lane] = src[192 + s];
                 }
@@ -250,7 +258,7 @@ impl Format {
                 let (mut isum, mut msum) = (0, 0);
                 for s in 0..8 {
                     isum += i32::from(blk[Q4K_SC + s * GROUP + lane]) * dot(32 * s, 32);
-                    let m = i32::from(blk[Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2]);
+                    let m = i32::from(blk[q4k_min_at(s, lane)]);
                     msum += m * (i32::from(bsums[2 * s]) + i32::from(bsums[2 * s + 1]));
                 }
                 let dm = f16_at(SCALE_BYTES) * acts.d(t)[b];
@@ -270,8 +278,8 @@ impl Format {
     }
 }
 
-/// A Q4_0, Q5_0, Q8_0, Q4_K or Q6_K matrix in the 16-row interleaved layout (see the module docs): `rows`
-/// outputs of `cols` inputs.
+/// A Q4_0, Q5_0, Q8_0, Q4_K or Q6_K matrix in the 16-row interleaved layout (see the module docs):
+/// `rows` outputs of `cols` inputs.
 #[derive(Debug)]
 pub struct Interleaved {
     format: Format,
@@ -310,7 +318,7 @@ impl Interleaved {
         let rb = w.row_bytes();
         let src_block = w.ty.block_bytes();
         let block_bytes = format.block_bytes();
-        let group_bytes = w.cols / format.block_cols() * block_bytes;
+        let group_bytes = format.group_bytes(w.cols);
         let groups = w.rows.div_ceil(GROUP);
         let mut data = vec![0u8; groups * group_bytes].into_boxed_slice();
         data.par_chunks_mut(group_bytes)
@@ -359,8 +367,8 @@ impl Interleaved {
     }
 
     /// `y[t * rows + r] = dot(row r, x[t * cols ..])` for `n_tokens` token rows of `x`, the
-    /// activations quantised (to Q8_0 or Q8_K) as [`matmul`](super::matmul) does. Runs on the current rayon
-    /// pool; the same bits at every thread count.
+    /// activations quantised (to Q8_0 or Q8_K) as [`matmul`](super::matmul) does. Runs on the
+    /// current rayon pool; the same bits at every thread count.
     ///
     /// Errors: [`Error::InvalidArgument`] for wrong `x` or `y` lengths.
     pub fn matmul(&self, x: &[f32], n_tokens: usize, y: &mut [f32]) -> Result<()> {
@@ -415,7 +423,7 @@ impl Interleaved {
 
     /// Bytes of one group of 16 rows.
     fn group_bytes(&self) -> usize {
-        self.cols / self.format.block_cols() * self.format.block_bytes()
+        self.format.group_bytes(self.cols)
     }
 
     /// The bytes of groups `g..g + ng`.
@@ -630,21 +638,18 @@ mod avx512 {
     /// Bytes ahead of the block being read that the first token tile prefetches.
     const PF_AHEAD: usize = 4096;
 
-    /// Step pair `j` (of four) of a block's quants, as unsigned bytes, and the offsets of the
+    /// Step pair `j` (of four) of block `blk`'s quants, as unsigned bytes, and the offsets of the
     /// activation quads each half multiplies: Q8_0 steps `2j` and `2j + 1`; Q4_0 / Q5_0 step `j`'s
     /// low and high nibbles (plus their fifth bits).
     #[inline(always)]
-    unsafe fn step<const F: u8>(quants: *const u8, j: usize) -> ([__m512i; 2], [usize; 2]) {
-        let load = |s: usize| _mm512_loadu_si512(quants.add(s * STEP_BYTES) as *const __m512i);
+    unsafe fn step<const F: u8>(blk: *const u8, j: usize) -> ([__m512i; 2], [usize; 2]) {
+        let load = |s: usize| load_step(blk, SCALE_BYTES, s);
         if F == Q8 {
             return ([load(2 * j), load(2 * j + 1)], [8 * j, 8 * j + QUAD]);
         }
-        let v = load(j);
-        let nibble = _mm512_set1_epi8(15);
-        let mut lo = _mm512_and_si512(v, nibble);
-        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+        let (mut lo, mut hi) = nibbles(load(j));
         if F == Q5 {
-            let masks = quants.add(NIBBLE_BYTES) as *const u64;
+            let masks = blk.add(SCALE_BYTES + NIBBLE_BYTES) as *const u64;
             let sixteen = _mm512_set1_epi8(16);
             lo = _mm512_mask_add_epi8(lo, masks.add(2 * j).read_unaligned(), lo, sixteen);
             hi = _mm512_mask_add_epi8(hi, masks.add(2 * j + 1).read_unaligned(), hi, sixteen);
@@ -668,25 +673,19 @@ mod avx512 {
         }
     }
 
-    /// Block `b` (`bytes` long) of each of `G` groups (`gb` bytes apart) at `w`; the first token
-    /// tile (`prefetch`) also prefetches `PF_AHEAD` bytes ahead of each.
+    /// Block `b` (`bytes` long) of each of `G` groups (`gb` bytes apart) at `w`.
     #[inline(always)]
     unsafe fn blocks<const G: usize>(
         w: *const u8,
         gb: usize,
         b: usize,
         bytes: usize,
-        prefetch: bool,
     ) -> [*const u8; G] {
-        let blk: [*const u8; G] = std::array::from_fn(|g| w.add(g * gb + b * bytes));
-        if prefetch {
-            prefetch_part(&blk, bytes, 0, 1);
-        }
-        blk
+        std::array::from_fn(|g| w.add(g * gb + b * bytes))
     }
 
-    /// Prefetches part `part` of `parts` of the lines `PF_AHEAD` bytes ahead of each block: a
-    /// K-quant block's 37–53 lines are spread over its steps, as one burst of them fills the
+    /// Prefetches part `part` of `parts` of the lines `PF_AHEAD` bytes ahead of each block (by the
+    /// first token tile only): a K-quant block's 37–53 lines are spread over its steps, as one burst of them fills the
     /// line-fill buffers (from DRAM the K kernels then streamed at 0.9–1.0× the row-major ones).
     #[inline(always)]
     unsafe fn prefetch_part<const G: usize>(
@@ -734,6 +733,22 @@ mod avx512 {
         }
     }
 
+    /// The low and the high nibbles of each byte of `v`.
+    #[inline(always)]
+    unsafe fn nibbles(v: __m512i) -> (__m512i, __m512i) {
+        let nibble = _mm512_set1_epi8(15);
+        (
+            _mm512_and_si512(v, nibble),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble),
+        )
+    }
+
+    /// The 16 rows' f16 scales at `p` as f32.
+    #[inline(always)]
+    unsafe fn scales16(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
     /// Four activation quants at `p` broadcast to every lane.
     #[inline(always)]
     unsafe fn quad(p: *const u8) -> __m512i {
@@ -753,10 +768,9 @@ mod avx512 {
     ) {
         let bytes = Format::Q4_K.block_bytes();
         let (q, d, bsums) = k_tokens::<N>(acts, t0);
-        let nibble = _mm512_set1_epi8(15);
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for b in 0..acts.nb() {
-            let blk = blocks::<G>(w, gb, b, bytes, false);
+            let blk = blocks::<G>(w, gb, b, bytes);
             let mut isum = [[_mm512_setzero_si512(); N]; G];
             for j in 0..4 {
                 let mut lo = [[_mm512_setzero_si512(); N]; G];
@@ -765,18 +779,14 @@ mod avx512 {
                     if t0 == 0 {
                         prefetch_part(&blk, bytes, 8 * j + i, 32);
                     }
-                    let v: [__m512i; G] =
-                        std::array::from_fn(|g| load_step(blk[g], Q4K_QS, 8 * j + i));
-                    let wl: [__m512i; G] = std::array::from_fn(|g| _mm512_and_si512(v[g], nibble));
-                    let wh: [__m512i; G] = std::array::from_fn(|g| {
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(v[g]), nibble)
-                    });
+                    let w: [(__m512i, __m512i); G] =
+                        std::array::from_fn(|g| nibbles(load_step(blk[g], Q4K_QS, 8 * j + i)));
                     for t in 0..N {
                         let at = q[t].add(b * QK_K + 64 * j + QUAD * i);
                         let (al, ah) = (quad(at), quad(at.add(32)));
                         for g in 0..G {
-                            lo[g][t] = _mm512_dpbusd_epi32(lo[g][t], wl[g], al);
-                            hi[g][t] = _mm512_dpbusd_epi32(hi[g][t], wh[g], ah);
+                            lo[g][t] = _mm512_dpbusd_epi32(lo[g][t], w[g].0, al);
+                            hi[g][t] = _mm512_dpbusd_epi32(hi[g][t], w[g].1, ah);
                         }
                     }
                 }
@@ -805,9 +815,7 @@ mod avx512 {
                     let at = blk[g].add(Q4K_M + 2 * p * GROUP) as *const __m256i;
                     _mm512_cvtepu8_epi16(_mm256_loadu_si256(at))
                 });
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk[g] as *const __m256i));
-                let dmin =
-                    _mm512_cvtph_ps(_mm256_loadu_si256(blk[g].add(SCALE_BYTES) as *const __m256i));
+                let (dw, dmin) = (scales16(blk[g]), scales16(blk[g].add(SCALE_BYTES)));
                 for t in 0..N {
                     let mut msum = _mm512_setzero_si512();
                     for p in 0..4 {
@@ -839,7 +847,7 @@ mod avx512 {
         let (q, d, bsums) = k_tokens::<N>(acts, t0);
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for b in 0..acts.nb() {
-            let blk = blocks::<G>(w, gb, b, bytes, false);
+            let blk = blocks::<G>(w, gb, b, bytes);
             let mut isum = [[_mm512_setzero_si512(); N]; G];
             let bs: [&[i16]; N] = std::array::from_fn(|t| &bsums[t][b * 16..(b + 1) * 16]);
             let qb: [*const u8; N] = std::array::from_fn(|t| q[t].add(b * QK_K));
@@ -855,7 +863,7 @@ mod avx512 {
                 }
             }
             for g in 0..G {
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk[g] as *const __m256i));
+                let dw = scales16(blk[g]);
                 for t in 0..N {
                     let dd = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][b]));
                     acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g][t]), dd, acc[g][t]);
@@ -876,15 +884,13 @@ mod avx512 {
         half: usize,
         isum: &mut [[__m512i; N]; G],
     ) {
-        let nibble = _mm512_set1_epi8(15);
         let pair_bits = _mm512_set1_epi8(0x30);
         let sub = 8 * h + 2 * F + half;
         let mut s: [[__m512i; N]; G] =
             [std::array::from_fn(|t| _mm512_set1_epi32(-32 * i32::from(bs[t][sub]))); G];
         for i in 4 * half..4 * half + 4 {
             let u: [__m512i; G] = std::array::from_fn(|g| {
-                let v = load_step(blk[g], Q6K_QL, 16 * h + 8 * (F % 2) + i);
-                let low = if F < 2 { v } else { _mm512_srli_epi16::<4>(v) };
+                let (lo, hi) = nibbles(load_step(blk[g], Q6K_QL, 16 * h + 8 * (F % 2) + i));
                 let qh = load_step(blk[g], Q6K_QH, 8 * h + i);
                 let bits = match F {
                     0 => _mm512_slli_epi16::<4>(qh),
@@ -892,8 +898,8 @@ mod avx512 {
                     2 => qh,
                     _ => _mm512_srli_epi16::<2>(qh),
                 };
-                // (low & 15) | (bits & 0x30)
-                _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(low, nibble), bits, pair_bits)
+                // nibble | (bits & 0x30)
+                _mm512_ternarylogic_epi32::<0xF8>(if F < 2 { lo } else { hi }, bits, pair_bits)
             });
             for t in 0..N {
                 let a = quad(qb[t].add(128 * h + 32 * F + QUAD * i));
@@ -940,7 +946,10 @@ mod avx512 {
         let isum: [&[i32]; N] = std::array::from_fn(|t| acts.isum(t0 + t));
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for b in 0..nb {
-            let blk = blocks::<G>(w, gb, b, block_bytes, t0 == 0);
+            let blk = blocks::<G>(w, gb, b, block_bytes);
+            if t0 == 0 {
+                prefetch_part(&blk, block_bytes, 0, 1);
+            }
             let mut s = [[_mm512_setzero_si512(); N]; G];
             for t in 0..N {
                 let init = _mm512_set1_epi32(-offset * isum[t][b]);
@@ -952,7 +961,7 @@ mod avx512 {
                 let mut wv = [[_mm512_setzero_si512(); 2]; G];
                 let mut at = [0; 2];
                 for g in 0..G {
-                    (wv[g], at) = step::<F>(blk[g].add(SCALE_BYTES), j);
+                    (wv[g], at) = step::<F>(blk[g], j);
                 }
                 for t in 0..N {
                     for h in 0..2 {
@@ -963,9 +972,7 @@ mod avx512 {
                     }
                 }
             }
-            let dw: [__m512; G] = std::array::from_fn(|g| {
-                _mm512_cvtph_ps(_mm256_loadu_si256(blk[g] as *const __m256i))
-            });
+            let dw: [__m512; G] = std::array::from_fn(|g| scales16(blk[g]));
             for t in 0..N {
                 let da = _mm512_set1_ps(d[t][b]);
                 for g in 0..G {
@@ -1035,7 +1042,7 @@ mod tests {
             Format::Q4_K => {
                 let s = k / 32;
                 let sc = f32::from(blk[Q4K_SC + s * GROUP + lane]);
-                let m = f32::from(blk[Q4K_M + s / 2 * 2 * GROUP + 2 * lane + s % 2]);
+                let m = f32::from(blk[q4k_min_at(s, lane)]);
                 (f16_at(0) * sc) * u as f32 - f16_at(SCALE_BYTES) * m
             }
             Format::Q6_K => {
