@@ -289,6 +289,9 @@ pub struct Interleaved {
 }
 
 impl Interleaved {
+    /// Rows per interleaved group: the fused sparse FFN takes row slices starting at multiples of it.
+    pub const GROUP_ROWS: usize = GROUP;
+
     /// The weight types this layout takes.
     pub const TYPES: [GgmlType; 5] = [
         GgmlType::Q4_0,
@@ -409,7 +412,7 @@ impl Interleaved {
         let task = |c: usize| {
             let g0 = c * per_task;
             let g1 = (g0 + per_task).min(groups);
-            self.run_groups(level, &acts, g0, g1, &out);
+            self.run_groups(level, &acts, g0, g1, (0, self.rows), &out);
         };
         let n_tasks = groups.div_ceil(per_task);
         if n_tasks == 1 || threads == 1 {
@@ -432,8 +435,38 @@ impl Interleaved {
         &self.data[g * group_bytes..(g + ng) * group_bytes]
     }
 
-    /// Groups `g0..g1` for every token, written into `out` (`n × rows`, token-major).
-    fn run_groups(&self, level: Level, acts: &Acts, g0: usize, g1: usize, out: &super::OutPtr) {
+    /// `y[r - r0] = dot(row r, x)` for the rows `r0..r1` (`r0` a multiple of 16, `r1` one too or
+    /// [`Interleaved::rows`]) and one token `x` quantised as [`matmul`](super::matmul) quantises
+    /// it for this weight type, on this thread: a slice of [`Interleaved::matmul`]'s product, with
+    /// its bits.
+    pub(crate) fn run_rows(&self, level: Level, x: &Acts, r0: usize, r1: usize, y: &mut [f32]) {
+        assert!(
+            r0.is_multiple_of(GROUP) && (r1.is_multiple_of(GROUP) || r1 == self.rows) && r0 <= r1
+        );
+        assert!(r1 <= self.rows && y.len() == r1 - r0 && x.n == 1 && x.cols == self.cols);
+        assert_eq!(x.kind, self.format.act_kind());
+        let out = super::OutPtr(y.as_mut_ptr());
+        self.run_groups(
+            level,
+            x,
+            r0 / GROUP,
+            r1.div_ceil(GROUP),
+            (r0, r1 - r0),
+            &out,
+        );
+    }
+
+    /// Groups `g0..g1` for every token, written into `out`: row `r` of token `t` at
+    /// `t * stride + r - base`, for `(base, stride)` = `frame` (the matrix: `(0, rows)`).
+    fn run_groups(
+        &self,
+        level: Level,
+        acts: &Acts,
+        g0: usize,
+        g1: usize,
+        (base, stride): (usize, usize),
+        out: &super::OutPtr,
+    ) {
         let mut tile = [[0f32; GROUP]; TILE];
         let mut g = g0;
         while g < g1 {
@@ -450,12 +483,12 @@ impl Interleaved {
                     let (gi, t) = (i / nt, i % nt);
                     let r0 = (g + gi) * GROUP;
                     let n = (self.rows - r0).min(GROUP);
-                    // SAFETY: token t0 + t < n and rows r0..r0 + n < rows lie inside y; groups
-                    // g0..g1 belong to this task alone.
+                    // SAFETY: token t0 + t < n and rows r0..r0 + n lie inside the caller's
+                    // frame of y; groups g0..g1 belong to this task alone.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
                             lanes.as_ptr(),
-                            out.0.add((t0 + t) * self.rows + r0),
+                            out.0.add((t0 + t) * stride + r0 - base),
                             n,
                         )
                     };

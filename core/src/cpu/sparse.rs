@@ -959,23 +959,8 @@ fn run_axpy(kernels: Kernels, w: &Matrix, act: &Active, n_tokens: usize, out: &m
         }
         if let Some(k1) = kernels.single {
             // one token: start[j] == j, so the coefficients are act.coefs[j]
-            let mut j = 0;
-            while j < nn {
-                let g = (nn - j).min(GROUP);
-                prefetch_to(j + g + ahead);
-                let segs = group_segs(j, g);
-                // SAFETY: as below, for each of the g segments.
-                unsafe {
-                    k1(
-                        ty,
-                        &segs[..g],
-                        &act.coefs[j..j + g],
-                        c1 - c0,
-                        optr.0.add(c0),
-                    )
-                };
-                j += g;
-            }
+            // SAFETY: columns c0..c1 of out belong to this task alone.
+            unsafe { axpy1_range(k1, w, &act.neurons, &act.coefs, c0..c1, optr.0.add(c0)) };
             return;
         }
         for j in 0..nn {
@@ -999,6 +984,87 @@ fn run_axpy(kernels: Kernels, w: &Matrix, act: &Active, n_tokens: usize, out: &m
         }
     };
     for_each_chunk(n_chunks, task);
+}
+
+/// `out[c - c0] += Σ_j coefs[j] · w_t[neurons[j]][c]` for the columns `cols` (whole granules, or
+/// up to the end) with a single-token kernel, [`GROUP`] neurons per call in order, prefetching
+/// the rows' segments ahead.
+///
+/// # Safety
+/// `out` must point to `cols.len()` writable values no one else accesses; `neurons` must be rows
+/// of `w` and as many as `coefs`.
+unsafe fn axpy1_range(
+    k1: Axpy1Kernel,
+    w: &Matrix,
+    neurons: &[u32],
+    coefs: &[f32],
+    cols: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    let (ty, rb) = (w.ty, w.row_bytes());
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let seg_off = cols.start / bs * bb;
+    let seg_bytes = cols.len().div_ceil(bs) * bb;
+    let ahead = (PREFETCH_AHEAD / seg_bytes.max(1)).clamp(2, 64);
+    let nn = neurons.len();
+    let mut pf = 0;
+    let mut j = 0;
+    while j < nn {
+        let g = (nn - j).min(GROUP);
+        while pf < nn && pf < j + g + ahead {
+            let base = neurons[pf] as usize * rb + seg_off;
+            for off in (0..seg_bytes.min(PREFETCH_SEGMENT_HEAD)).step_by(64) {
+                prefetch(&w.data[base + off]);
+            }
+            if seg_bytes <= PREFETCH_SEGMENT_HEAD {
+                prefetch(&w.data[base + seg_bytes - 1]);
+            }
+            pf += 1;
+        }
+        let mut segs = [std::ptr::null::<u8>(); GROUP];
+        for (s, &i) in segs.iter_mut().zip(&neurons[j..j + g]) {
+            *s = w.data[i as usize * rb + seg_off..][..seg_bytes].as_ptr();
+        }
+        // SAFETY: each segment holds the blocks of the columns; out is the caller's.
+        unsafe { k1(ty, &segs[..g], &coefs[j..j + g], cols.len(), out) };
+        j += g;
+    }
+}
+
+/// One token's `out[c] += Σ_j coefs[j] · w_t[neurons[j]][c]` over every column, on this thread:
+/// [`sparse_axpy`] restricted to the listed neurons (non-zero coefficients, ascending), with its
+/// bits (each output is the same chain of fused multiply-adds in neuron order).
+pub(crate) fn axpy_rows_serial(
+    level: Level,
+    w_t: &Matrix,
+    neurons: &[u32],
+    coefs: &[f32],
+    out: &mut [f32],
+) {
+    assert!(neurons.len() == coefs.len() && out.len() == w_t.cols);
+    assert!(neurons.iter().all(|&i| (i as usize) < w_t.rows));
+    let cols = 0..w_t.cols;
+    if let Some(k1) = axpy_kernel1(level, w_t.ty) {
+        // SAFETY: out holds every column, and the neurons are rows of w_t.
+        unsafe { axpy1_range(k1, w_t, neurons, coefs, cols, out.as_mut_ptr()) };
+        return;
+    }
+    let (one, rb) = (axpy_kernel(level, w_t.ty), w_t.row_bytes());
+    for (&i, &c) in neurons.iter().zip(coefs) {
+        let seg = &w_t.data[i as usize * rb..][..rb];
+        // SAFETY: seg is a whole row; out holds its columns for the one token 0.
+        unsafe {
+            one(
+                w_t.ty,
+                seg.as_ptr(),
+                w_t.cols,
+                &[c],
+                &[0],
+                out.as_mut_ptr(),
+                w_t.cols,
+            )
+        };
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -1,15 +1,18 @@
-//! One token's predicted sparse FFN activations in a single parallel region: PowerInfer's
-//! predictor (`fc2 · relu(fc1 · x)`), the choice of the neurons whose logit reaches the threshold,
-//! the gate and up rows of the chosen neurons, their activations, and the rounding of those
-//! activations for the down projection, all in one task per thread.
+//! One token's predicted sparse FFN in a single parallel region: PowerInfer's predictor
+//! (`fc2 · relu(fc1 · x)`), the choice of the neurons whose logit reaches the threshold, the gate
+//! and up rows of the chosen neurons, their activations, the rounding of those activations for the
+//! down projection, and the down projection itself, all in one task per thread.
 //!
 //! The separate steps (two [`matmul`](super::matmul)s, a selection, a
-//! [`gather_matmul`](super::gather_matmul) of gate and of up, a rounding) are five parallel regions
-//! with a thread wake-up and a join each; a layer of a small model is tens of microseconds, so those
-//! dominate. Here each task computes the predictor's small hidden layer itself (a few KiB of
-//! weights) and then walks its own spans of neurons, so nothing waits for anything. Every value is
-//! computed by the same kernels on the same quantised inputs as the separate steps, so the result
-//! is bit-identical to them and does not depend on the thread count.
+//! [`gather_matmul`](super::gather_matmul) of gate and of up, a rounding, a
+//! [`sparse_axpy`](super::sparse_axpy)) are six parallel regions with a thread wake-up and a join
+//! each; a layer of a small model is tens of microseconds, so those dominate. Here each task
+//! computes the predictor's small hidden layer itself (a few KiB of weights) and then walks its
+//! own spans of neurons, so nothing waits for anything; the down projection's terms are summed in
+//! fixed bands of spans (whole rows read once, by the task that computed their activations), and
+//! the bands added in order at the end. Every value is computed by the same kernels on the same
+//! quantised inputs as the separate steps, so the result is bit-identical to them and does not
+//! depend on the thread count.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rayon::prelude::*;
 
 use super::act::{ActKind, Acts};
+use super::interleaved::Interleaved;
 use super::sparse::gather_rows_serial;
 use super::{
     kernel_for, kind_for, offset_shift, round_with, rounding_block, Level, Matrix, OutPtr,
@@ -24,9 +28,21 @@ use super::{
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
-/// Neurons per span: a multiple of every activation rounding block (Q8_K's 256), so that rounding a
-/// span on its own rounds it as the whole row would be rounded.
-const SPAN: usize = 256;
+/// Neurons per span at least: spans are also whole rounding blocks of the down projection's input
+/// (so that rounding a span on its own rounds it as the whole row would be rounded) and whole
+/// 16-row groups of the interleaved copies. Small spans, dealt to the tasks in turn, share the
+/// hottest neurons (the first rows, in a model ordered hottest first) among the tasks.
+const MIN_SPAN: usize = 64;
+
+/// The down projection's partial sums: span `s` belongs to band `s % BANDS`, each band sums its
+/// neurons' terms on its own, and the bands are added in order, so the result does not depend on
+/// which task ran which band (nor on the thread count). Tasks take whole bands.
+const BANDS: usize = 8;
+
+/// The neurons per span for a down projection rounding its input in blocks of `block`.
+fn span_for(block: Option<usize>) -> usize {
+    MIN_SPAN.max(block.unwrap_or(1))
+}
 
 /// The weights of one layer's predicted sparse FFN (an FFN with gate, without biases).
 #[derive(Clone, Copy, Debug)]
@@ -35,10 +51,18 @@ pub struct PredictedFfn<'a> {
     pub fc1: Matrix<'a>,
     /// The predictor's second layer: `n_ff` rows of `R`.
     pub fc2: Matrix<'a>,
+    /// fc2's 16-row interleaved copy, when it has one ([`Interleaved`]): the logits then come
+    /// from it, as [`Interleaved::matmul`] computes them.
+    pub fc2_interleaved: Option<&'a Interleaved>,
     /// `ffn_gate`: `n_ff` rows of `n_embd`.
     pub gate: Matrix<'a>,
     /// `ffn_up`: `n_ff` rows of `n_embd`.
     pub up: Matrix<'a>,
+    /// The first rows of gate and up in the 16-row interleaved layout ([`Interleaved`], both of
+    /// the same length): the neurons that fire most often, in a model ordered hottest first. A
+    /// span's rows among them are computed all together (the chosen ones kept), as
+    /// [`Interleaved::matmul`] computes them; the other chosen rows are gathered.
+    pub hot: Option<(&'a Interleaved, &'a Interleaved)>,
     /// A neuron is chosen when its predicted logit is at least this.
     pub threshold: f32,
     /// The down projection's weight type: the activations are rounded as a product with it rounds
@@ -55,10 +79,17 @@ struct Scratch {
     chosen: Vec<u32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    hot_gate: Vec<f32>,
+    hot_up: Vec<f32>,
     round: Acts,
+    spans: Vec<usize>,
+    band_rows: Vec<u32>,
+    band_coefs: Vec<f32>,
 }
 
 thread_local! {
+    /// The caller's down-projection partial sums, one row per band.
+    static PARTIALS: Cell<Option<Vec<f32>>> = const { Cell::new(None) };
     /// Each worker's [`Scratch`] (taken out during a task, so a nested call just allocates).
     static SCRATCH: Cell<Option<Box<Scratch>>> = const { Cell::new(None) };
     /// The caller's quantised inputs (x for fc1, h for gate and for up).
@@ -68,12 +99,16 @@ thread_local! {
 /// The activations `a` (`n_ff` values) of one token's FFN: for each neuron `i` with
 /// `(fc2 · relu(fc1 · x))[i] >= threshold`, `a[i] = combine(gate_i · h, up_i · h)` rounded like the
 /// down projection's input; `0` for the others. `x` is the predictor's input and `h` the FFN's
-/// (both `n_embd` values). Returns the number of chosen neurons.
+/// (both `n_embd` values). With `down = (w_t, y)` (the neuron-major down projection, `n_ff` rows
+/// of `y.len()`), also `y = Σ_i a[i] · w_t[i]`. Returns the number of chosen neurons.
 ///
-/// Bit-identical to [`matmul`](super::matmul) of fc1, relu, `matmul` of fc2, the selection,
-/// [`gather_matmul`](super::gather_matmul) of gate and up over the chosen rows, `combine` and
-/// [`round_like_matmul_input`](super::round_like_matmul_input), at every thread count. Runs as one
-/// parallel region on the current rayon pool.
+/// Bit-identical to [`matmul`](super::matmul) of fc1, relu, `matmul` of fc2 (or
+/// [`Interleaved::matmul`] of its copy), the selection,
+/// [`gather_matmul`](super::gather_matmul) of gate and up over the chosen rows (or the hot rows'
+/// interleaved product), `combine` and
+/// [`round_like_matmul_input`](super::round_like_matmul_input); `y` to the sum over the bands
+/// (in order) of [`sparse_axpy`](super::sparse_axpy) over each band's activations alone. The same
+/// bits at every thread count. Runs as one parallel region on the current rayon pool.
 ///
 /// Errors: [`Error::InvalidArgument`] for malformed or mismatched matrices or wrong lengths;
 /// [`Error::UnsupportedType`] for a weight type without kernels.
@@ -83,9 +118,23 @@ pub fn predicted_activations(
     x: &[f32],
     h: &[f32],
     a: &mut [f32],
+    down: Option<(&Matrix, &mut [f32])>,
 ) -> Result<usize> {
     let kinds = check(f, x, h, a)?;
     let n_ff = a.len();
+    if let Some((w_t, y)) = &down {
+        w_t.validate()?;
+        if w_t.rows != n_ff || w_t.ty != f.down_ty || y.len() != w_t.cols {
+            return Err(Error::InvalidArgument(format!(
+                "down projection {} {}×{} and its output ({} values) do not fit {n_ff} {} neurons",
+                w_t.ty,
+                w_t.rows,
+                w_t.cols,
+                y.len(),
+                f.down_ty
+            )));
+        }
+    }
     let level = Level::current();
     let mut inputs = INPUTS.with(|c| c.take()).unwrap_or_default();
     for (acts, (m, v)) in inputs
@@ -97,13 +146,36 @@ pub fn predicted_activations(
     }
     let chosen = AtomicUsize::new(0);
     let out = OutPtr(a.as_mut_ptr());
-    let spans = n_ff.div_ceil(SPAN);
-    let tasks = rayon::current_num_threads().clamp(1, spans);
+    let spans = n_ff.div_ceil(span_for(kinds.1));
+    let tasks = rayon::current_num_threads().clamp(1, spans.min(BANDS));
+    let n_out = down.as_ref().map_or(0, |(w_t, _)| w_t.cols);
+    let mut partials = PARTIALS.with(|c| c.take()).unwrap_or_default();
+    partials.resize(BANDS * n_out, 0.0);
+    let partials_out = OutPtr(partials.as_mut_ptr());
+    let down_t = down.as_ref().map(|(w_t, _)| w_t);
     let task = |k: usize| {
+        // the wrappers whole (a closure would capture their raw pointer fields alone)
+        let (out, partials_out) = (out, partials_out);
         let mut s = SCRATCH.with(|c| c.take()).unwrap_or_default();
         hidden(f, level, &inputs[0], &mut s);
-        let n = task_activations(f, level, &inputs, &combine, kinds, k, tasks, out, &mut s);
+        s.spans.clear();
+        s.spans
+            .extend((0..spans).filter(|sp| sp % BANDS % tasks == k));
+        let n = task_activations(f, level, &inputs, &combine, kinds, out, &mut s);
         chosen.fetch_add(n, Ordering::Relaxed);
+        if let Some(w_t) = down_t {
+            for band in (k..BANDS).step_by(tasks) {
+                // SAFETY: `partials` holds BANDS × n_out values, band `band` is this task's alone,
+                // and `out`'s spans of this band were written by this task above.
+                let (y, a) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(partials_out.0.add(band * n_out), n_out),
+                        std::slice::from_raw_parts(out.0 as *const f32, n_ff),
+                    )
+                };
+                band_down(w_t, level, kinds.1, band, a, &mut s, y);
+            }
+        }
         SCRATCH.with(|c| c.set(Some(s)));
     };
     if tasks == 1 {
@@ -111,8 +183,42 @@ pub fn predicted_activations(
     } else {
         (0..tasks).into_par_iter().for_each(task);
     }
+    if let Some((_, y)) = down {
+        y.copy_from_slice(&partials[..n_out]);
+        for band in partials.chunks_exact(n_out).skip(1) {
+            y.iter_mut().zip(band).for_each(|(y, p)| *y += p);
+        }
+    }
+    PARTIALS.with(|c| c.set(Some(partials)));
     INPUTS.with(|c| c.set(Some(inputs)));
     Ok(chosen.into_inner())
+}
+
+/// Band `band`'s partial sum of the down projection: `y = Σ a[i] · w_t[i]` over the non-zero
+/// activations of the band's spans, in neuron order.
+fn band_down(
+    w_t: &Matrix,
+    level: Level,
+    block: Option<usize>,
+    band: usize,
+    a: &[f32],
+    s: &mut Scratch,
+    y: &mut [f32],
+) {
+    let span = span_for(block);
+    s.band_rows.clear();
+    s.band_coefs.clear();
+    for sp in (band..a.len().div_ceil(span)).step_by(BANDS) {
+        let r = sp * span..((sp + 1) * span).min(a.len());
+        for (i, &v) in a[r.clone()].iter().enumerate() {
+            if v != 0.0 {
+                s.band_rows.push((r.start + i) as u32);
+                s.band_coefs.push(v);
+            }
+        }
+    }
+    y.fill(0.0);
+    super::sparse::axpy_rows_serial(level, w_t, &s.band_rows, &s.band_coefs, y);
 }
 
 /// Checks the shapes and types; returns the down projection's activation kind and rounding block.
@@ -152,6 +258,42 @@ fn check(f: &PredictedFfn, x: &[f32], h: &[f32], a: &[f32]) -> Result<(ActKind, 
             n_ff
         )));
     }
+    let copy_fits = |il: &Interleaved, w: &Matrix, rows_ok: bool| {
+        rows_ok && il.cols() == w.cols && il.ty() == w.ty
+    };
+    if let Some(il) = f.fc2_interleaved {
+        if !copy_fits(il, &f.fc2, il.rows() == n_ff) {
+            return Err(Error::InvalidArgument(format!(
+                "fc2's interleaved copy is {} {}×{}, fc2 {} {}×{}",
+                il.ty(),
+                il.rows(),
+                il.cols(),
+                f.fc2.ty,
+                n_ff,
+                f.fc2.cols
+            )));
+        }
+    }
+    if let Some((gate, up)) = f.hot {
+        let n = gate.rows();
+        let rows_ok =
+            up.rows() == n && n <= n_ff && (n.is_multiple_of(Interleaved::GROUP_ROWS) || n == n_ff);
+        if !copy_fits(gate, &f.gate, rows_ok) || !copy_fits(up, &f.up, rows_ok) {
+            return Err(Error::InvalidArgument(format!(
+                "hot rows: interleaved gate {} {}×{} and up {} {}×{} do not fit gate {} and up {} {}×{}",
+                gate.ty(),
+                n,
+                gate.cols(),
+                up.ty(),
+                up.rows(),
+                up.cols(),
+                f.gate.ty,
+                f.up.ty,
+                n_ff,
+                f.gate.cols
+            )));
+        }
+    }
     let block = rounding_block(down);
     if let Some(b) = block {
         if !n_ff.is_multiple_of(b) {
@@ -185,34 +327,50 @@ fn hidden(f: &PredictedFfn, level: Level, x: &Acts, s: &mut Scratch) {
         .quantize(level, kind, offset_shift(f.fc2.ty), &s.hidden, 1, r);
 }
 
-/// The activations of task `k` of `tasks`: the spans `k, k + tasks, …` of `a` (at `out`, `n_ff`
-/// values). Each step runs over all the task's spans at once (the predictor's rows, then the chosen
-/// gate rows, then the up rows), so the rows stream with prefetch as in the separate operators.
-/// Returns the number of chosen neurons.
-#[allow(clippy::too_many_arguments)]
+/// The activations of a task's spans (`s.spans`, ascending) of `a` (at `out`, `n_ff` values).
+/// Each step runs over all the task's spans at once (the predictor's rows, then the hot rows,
+/// then the chosen cold gate rows, then the up rows), so the rows stream with prefetch as in the
+/// separate operators. Returns the number of chosen neurons.
 fn task_activations(
     f: &PredictedFfn,
     level: Level,
     inputs: &[Acts; 3],
     combine: &impl Fn(f32, f32) -> f32,
     (down_kind, block): (ActKind, Option<usize>),
-    k: usize,
-    tasks: usize,
     out: OutPtr,
     s: &mut Scratch,
 ) -> usize {
     let n_ff = f.gate.rows;
-    let spans = (k..n_ff.div_ceil(SPAN)).step_by(tasks);
-    let span_range = |span: usize| span * SPAN..((span + 1) * SPAN).min(n_ff);
+    let span = span_for(block);
+    let spans = std::mem::take(&mut s.spans);
+    let span_range = |i: usize| i * span..((i + 1) * span).min(n_ff);
     // the predictor's logits of the task's neurons, and the chosen ones (ascending)
     s.chosen.clear();
-    for span in spans.clone() {
-        s.chosen.extend(span_range(span).map(|i| i as u32));
+    for &i in &spans {
+        s.chosen.extend(span_range(i).map(|r| r as u32));
     }
     s.logits.clear();
     s.logits.resize(s.chosen.len(), 0.0);
-    let fc2 = kernel_for(level, f.fc2.ty);
-    gather_rows_serial(fc2, &f.fc2, &s.chosen, &s.hidden_acts, 1, &mut s.logits);
+    match f.fc2_interleaved {
+        Some(il) => {
+            let mut at = 0;
+            for &i in &spans {
+                let r = span_range(i);
+                il.run_rows(
+                    level,
+                    &s.hidden_acts,
+                    r.start,
+                    r.end,
+                    &mut s.logits[at..][..r.len()],
+                );
+                at += r.len();
+            }
+        }
+        None => {
+            let fc2 = kernel_for(level, f.fc2.ty);
+            gather_rows_serial(fc2, &f.fc2, &s.chosen, &s.hidden_acts, 1, &mut s.logits);
+        }
+    }
     let mut m = 0;
     for p in 0..s.chosen.len() {
         if s.logits[p] >= f.threshold {
@@ -221,29 +379,56 @@ fn task_activations(
         }
     }
     s.chosen.truncate(m);
+    // the hot rows of the task's spans, all of them; then the chosen rows after them
+    let n_hot = f.hot.map_or(0, |(gate, _)| gate.rows());
+    s.hot_gate.resize(n_hot, 0.0);
+    s.hot_up.resize(n_hot, 0.0);
+    if let Some((gate, up)) = f.hot {
+        for &i in &spans {
+            let r = span_range(i);
+            let end = r.end.min(n_hot);
+            if r.start < end {
+                gate.run_rows(
+                    level,
+                    &inputs[1],
+                    r.start,
+                    end,
+                    &mut s.hot_gate[r.start..end],
+                );
+                up.run_rows(level, &inputs[2], r.start, end, &mut s.hot_up[r.start..end]);
+            }
+        }
+    }
+    let first_cold = s.chosen.partition_point(|&i| (i as usize) < n_hot);
+    let cold = &s.chosen[first_cold..];
     for (y, w, acts) in [
         (&mut s.gate, &f.gate, &inputs[1]),
         (&mut s.up, &f.up, &inputs[2]),
     ] {
         y.clear();
-        y.resize(m, 0.0);
-        gather_rows_serial(kernel_for(level, w.ty), w, &s.chosen, acts, 1, y);
+        y.resize(cold.len(), 0.0);
+        gather_rows_serial(kernel_for(level, w.ty), w, cold, acts, 1, y);
     }
     let mut p = 0;
-    for span in spans {
-        let r = span_range(span);
-        // SAFETY: `out` holds n_ff values, and this span belongs to this task alone (task k takes
-        // the spans k, k + tasks, …).
+    for &i in &spans {
+        let r = span_range(i);
+        // SAFETY: `out` holds n_ff values, and this span belongs to this task alone.
         let a = unsafe { std::slice::from_raw_parts_mut(out.0.add(r.start), r.len()) };
         a.fill(0.0);
         while p < m && (s.chosen[p] as usize) < r.end {
-            a[s.chosen[p] as usize - r.start] = combine(s.gate[p], s.up[p]);
+            let n = s.chosen[p] as usize;
+            let (g, u) = match n < n_hot {
+                true => (s.hot_gate[n], s.hot_up[n]),
+                false => (s.gate[p - first_cold], s.up[p - first_cold]),
+            };
+            a[n - r.start] = combine(g, u);
             p += 1;
         }
         if let Some(block) = block {
             round_with(&mut s.round, down_kind, block, a, 1, r.len());
         }
     }
+    s.spans = spans;
     m
 }
 
@@ -282,7 +467,10 @@ mod tests {
         matmul(&f.fc1, x, 1, &mut hidden).unwrap();
         hidden.iter_mut().for_each(|v| *v = v.max(0.0));
         let mut logits = vec![0f32; f.fc2.rows];
-        matmul(&f.fc2, &hidden, 1, &mut logits).unwrap();
+        match f.fc2_interleaved {
+            Some(il) => il.matmul(&hidden, 1, &mut logits).unwrap(),
+            None => matmul(&f.fc2, &hidden, 1, &mut logits).unwrap(),
+        }
         let chosen: Vec<u32> = (0..logits.len() as u32)
             .filter(|&i| logits[i as usize] >= f.threshold)
             .collect();
@@ -290,6 +478,20 @@ mod tests {
         let mut u = vec![0f32; chosen.len()];
         gather_matmul(&f.gate, &chosen, h, 1, &mut g).unwrap();
         gather_matmul(&f.up, &chosen, h, 1, &mut u).unwrap();
+        if let Some((hot_gate, hot_up)) = f.hot {
+            // the hot rows from the whole product of the interleaved copies
+            let n_hot = hot_gate.rows();
+            let (mut hg, mut hu) = (vec![0f32; n_hot], vec![0f32; n_hot]);
+            hot_gate.matmul(h, 1, &mut hg).unwrap();
+            hot_up.matmul(h, 1, &mut hu).unwrap();
+            for (k, &i) in chosen
+                .iter()
+                .enumerate()
+                .filter(|(_, &i)| (i as usize) < n_hot)
+            {
+                (g[k], u[k]) = (hg[i as usize], hu[i as usize]);
+            }
+        }
         let mut a = vec![0f32; f.gate.rows];
         for (k, &i) in chosen.iter().enumerate() {
             a[i as usize] = combine(g[k], u[k]);
@@ -335,22 +537,84 @@ mod tests {
             let mut f = PredictedFfn {
                 fc1: Matrix::new(pty, RANK, EMBD, &fc1).unwrap(),
                 fc2: Matrix::new(pty, N_FF, RANK, &fc2).unwrap(),
+                fc2_interleaved: None,
                 gate: Matrix::new(wty, N_FF, EMBD, &gate).unwrap(),
                 up: Matrix::new(wty, N_FF, EMBD, &up).unwrap(),
+                hot: None,
                 threshold: 0.0,
                 down_ty: down_types[case],
             };
             f.threshold = threshold_for(&f, &x);
-            let (want, want_n) = reference(&f, &x, &h);
-            assert!(want_n > N_FF / 5 && want_n < N_FF / 2, "{want_n} chosen");
-            for threads in [1, 2, 3] {
+            let down = weights(f.down_ty, N_FF, EMBD, &mut rng);
+            let down = Matrix::new(f.down_ty, N_FF, EMBD, &down).unwrap();
+            check_fused(&f, &x, &h, &down);
+            // with interleaved copies: of fc2, and of the first 160 rows of gate and up (a span
+            // of 64 partly hot)
+            let interleave = |ty: GgmlType, rows: usize, cols: usize, w: &[u8]| {
+                Interleaved::TYPES.contains(&ty).then(|| {
+                    Interleaved::from_matrix(&Matrix::new(ty, rows, cols, w).unwrap()).unwrap()
+                })
+            };
+            let fc2_il = interleave(pty, N_FF, RANK, &fc2);
+            let n_hot = 160;
+            let rb = wty.row_bytes(EMBD as u64).unwrap() as usize;
+            let hot_gate = interleave(wty, n_hot, EMBD, &gate[..n_hot * rb]);
+            let hot_up = interleave(wty, n_hot, EMBD, &up[..n_hot * rb]);
+            if fc2_il.is_some() || hot_gate.is_some() {
+                f.fc2_interleaved = fc2_il.as_ref();
+                f.hot = hot_gate.as_ref().zip(hot_up.as_ref());
+                check_fused(&f, &x, &h, &down);
+            }
+        }
+    }
+
+    /// The down projection the fused operator sums: each band's neurons through
+    /// [`sparse_axpy`](super::super::sparse_axpy) on their own, the bands added in order.
+    fn reference_down(w_t: &Matrix, a: &[f32], block: Option<usize>) -> Vec<f32> {
+        let span = span_for(block);
+        let mut y = vec![0f32; w_t.cols];
+        for band in 0..BANDS {
+            let mut masked = vec![0f32; a.len()];
+            for (i, (m, &v)) in masked.iter_mut().zip(a).enumerate() {
+                if i / span % BANDS == band {
+                    *m = v;
+                }
+            }
+            let mut part = vec![0f32; w_t.cols];
+            super::super::sparse_axpy(w_t, &masked, 1, &mut part).unwrap();
+            match band {
+                0 => y = part,
+                _ => y.iter_mut().zip(&part).for_each(|(y, p)| *y += p),
+            }
+        }
+        y
+    }
+
+    /// The fused operator against [`reference`] (and [`reference_down`] with `down`), bit for
+    /// bit, at 1, 2 and 3 threads.
+    fn check_fused(f: &PredictedFfn, x: &[f32], h: &[f32], down: &Matrix) {
+        let (want, want_n) = reference(f, x, h);
+        let block = rounding_block(kind_for(f.down_ty).unwrap());
+        let want_y = reference_down(down, &want, block);
+        assert!(want_n > N_FF / 5 && want_n < N_FF / 2, "{want_n} chosen");
+        let (pty, wty) = (f.fc2.ty, f.gate.ty);
+        let copies = (f.fc2_interleaved.is_some(), f.hot.is_some());
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        for threads in [1, 2, 3] {
+            for with_down in [false, true] {
                 let mut a = vec![f32::NAN; N_FF];
+                let mut y = vec![f32::NAN; EMBD];
+                let d = with_down.then_some((down, &mut y[..]));
                 let n = pool(threads)
-                    .install(|| predicted_activations(&f, combine, &x, &h, &mut a))
+                    .install(|| predicted_activations(f, combine, x, h, &mut a, d))
                     .unwrap();
-                assert_eq!(n, want_n, "{pty} {wty} {threads} threads");
-                let same = a.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{pty} {wty} down {}: {threads} threads", f.down_ty);
+                assert_eq!(n, want_n, "{pty} {wty} {copies:?} {threads} threads");
+                let case = format!(
+                    "{pty} {wty} {copies:?} down {}: {threads} threads",
+                    f.down_ty
+                );
+                assert!(same(&a, &want), "{case}");
+                assert!(!with_down || same(&y, &want_y), "{case}: down projection");
             }
         }
     }
@@ -365,17 +629,19 @@ mod tests {
         let f = PredictedFfn {
             fc1: Matrix::new(t, RANK, EMBD, &fc1).unwrap(),
             fc2: Matrix::new(t, N_FF, RANK, &fc2).unwrap(),
+            fc2_interleaved: None,
             gate: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),
             up: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),
+            hot: None,
             threshold: 0.0,
             down_ty: GgmlType::Q4_0,
         };
         let v = vec![0.5f32; EMBD];
         let mut a = vec![0f32; N_FF];
-        assert!(predicted_activations(&f, combine, &v, &v, &mut a).is_ok());
+        assert!(predicted_activations(&f, combine, &v, &v, &mut a, None).is_ok());
         let err = |f: &PredictedFfn, x: &[f32], a: &mut [f32]| {
             matches!(
-                predicted_activations(f, combine, x, &v, a),
+                predicted_activations(f, combine, x, &v, a, None),
                 Err(Error::InvalidArgument(_))
             )
         };

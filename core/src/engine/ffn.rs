@@ -187,8 +187,8 @@ pub(super) fn feed_forward(
     let layer = &model.layers[il];
     let act = model.hp.ffn_act;
     let n_ff = model.hp.n_ff;
-    // whether `a` is already rounded for the down projection (the fused path rounds it)
-    let mut rounded = false;
+    // the FFN's output, where the fused path already summed it
+    let mut fused_out = None;
     let (mut a, gate) = match mode {
         FfnMode::Dense => {
             let (decider, up) = match &layer.gate {
@@ -233,9 +233,9 @@ pub(super) fn feed_forward(
                     .into(),
             })?;
             match fused_sparse(model, offload, predictor, il, x, h, n, &observer)? {
-                Some((a, chosen)) => {
+                Some(FusedFfn { a, chosen, out }) => {
                     density.record(il, chosen, chosen, n);
-                    rounded = true;
+                    fused_out = Some(out);
                     (a, None)
                 }
                 None => {
@@ -259,7 +259,10 @@ pub(super) fn feed_forward(
             activations: &a,
         });
     }
-    let mut out = down_projection(model, offload, il, &mut a, n, rounded)?;
+    let mut out = match fused_out {
+        Some(out) => out,
+        None => down_projection(model, offload, il, &mut a, n)?,
+    };
     if let Some(b) = &layer.down_b {
         out.chunks_exact_mut(b.len())
             .for_each(|row| cpu::ops::add_assign(row, b));
@@ -267,10 +270,19 @@ pub(super) fn feed_forward(
     Ok(out)
 }
 
-/// One token's predicted FFN activations in one parallel region ([`cpu::sparse_ffn`]), already
-/// rounded for the down projection, and the number of chosen neurons; `None` where that path does
-/// not apply (a batch, products off the CPU, an FFN without gate or with an up bias, no
-/// neuron-major down, an observer that wants the unrounded activations).
+/// What [`fused_sparse`] computed.
+struct FusedFfn {
+    /// The activations, rounded for the down projection.
+    a: Vec<f32>,
+    /// The number of chosen neurons.
+    chosen: usize,
+    /// The FFN's output (before a down bias).
+    out: Vec<f32>,
+}
+
+/// One token's predicted FFN in one parallel region ([`cpu::sparse_ffn`]); `None` where that path does not apply (a batch, products off the CPU, an FFN
+/// without gate or with an up bias, no neuron-major down, an observer that wants the unrounded
+/// activations).
 #[allow(clippy::too_many_arguments)]
 fn fused_sparse(
     model: &Model,
@@ -281,7 +293,7 @@ fn fused_sparse(
     h: &[f32],
     n: usize,
     observer: &Option<&mut FfnObserver>,
-) -> Result<Option<(Vec<f32>, usize)>> {
+) -> Result<Option<FusedFfn>> {
     let layer = &model.layers[il];
     let (Some(gate), Some(down_t)) = (&layer.gate, &layer.down_t) else {
         return Ok(None);
@@ -292,6 +304,8 @@ fn fused_sparse(
     let weights = cpu::sparse_ffn::PredictedFfn {
         fc1: model.matrix(&predictor.fc1),
         fc2: model.matrix(&predictor.fc2),
+        fc2_interleaved: model.interleaved(&predictor.fc2),
+        hot: layer.hot.as_ref().map(|h| (&h.gate, &h.up)),
         gate: model.matrix(gate),
         up: model.matrix(&layer.up),
         threshold: model.hp.sparse_thresholds[il],
@@ -299,9 +313,12 @@ fn fused_sparse(
     };
     let act = model.hp.ffn_act;
     let mut a = vec![0f32; model.hp.n_ff];
+    let mut out = vec![0f32; down_t.cols];
+    let down = (&model.matrix(down_t), &mut out[..]);
+    let combine = |g, u| act.combine(g, u);
     let chosen =
-        cpu::sparse_ffn::predicted_activations(&weights, |g, u| act.combine(g, u), x, h, &mut a)?;
-    Ok(Some((a, chosen)))
+        cpu::sparse_ffn::predicted_activations(&weights, combine, x, h, &mut a, Some(down))?;
+    Ok(Some(FusedFfn { a, chosen, out }))
 }
 
 /// The pre-activations that decide which neurons fire, for every neuron: the gate's, or in an FFN
@@ -430,20 +447,17 @@ fn add_up_bias(layer: &LayerWeights, sets: &[Vec<u32>], y: &mut [f32]) {
 /// `down · a` for `n` tokens: the sparse axpy over the neuron-major copy when the file has one
 /// (skipping zero activations), else the dense matmul. The axpy's coefficients are first rounded as
 /// ggml rounds a product's input for the down weights' type (Q8_0 for Q4_0, f16 for F16), as
-/// ggml's dense product and PowerInfer's sparse kernels both do (unless `rounded` says they are).
+/// ggml's dense product and PowerInfer's sparse kernels both do.
 fn down_projection(
     model: &Model,
     offload: &dyn FfnOffload,
     il: usize,
     a: &mut [f32],
     n: usize,
-    rounded: bool,
 ) -> Result<Vec<f32>> {
     match &model.layers[il].down_t {
         Some(down_t) => {
-            if !rounded {
-                cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
-            }
+            cpu::round_like_matmul_input(down_t.ty, a, n, model.hp.n_ff)?;
             offload.down_axpy(model, il, a, n)
         }
         None => offload.matmul(model, il, FfnTensor::Down, a, n),

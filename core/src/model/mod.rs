@@ -11,4 +11,4 @@ pub use hparams::{
     TEAL_THRESHOLDS_KEY,
 };
 pub(crate) use weights::transposed_as;
-pub use weights::{LayerWeights, Model, Norm, Predictor, Weight};
+pub use weights::{HotRows, LayerWeights, Model, Norm, Predictor, Weight};

@@ -114,7 +114,24 @@ pub struct LayerWeights {
     pub predictor: Option<Predictor>,
     /// RMSNorm of the FFN output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// Interleaved copies of the neurons that fire most often, in a layer ordered hottest first
+    /// ([`Model::order_neurons_by_frequency`]).
+    pub hot: Option<Arc<HotRows>>,
 }
+
+/// The first rows of a layer's gate and up (its hottest neurons) in the 16-row interleaved layout:
+/// the fused sparse FFN computes them all together instead of gathering them one by one.
+#[derive(Debug)]
+pub struct HotRows {
+    /// Gate's first rows.
+    pub gate: Interleaved,
+    /// Up's first rows, as many.
+    pub up: Interleaved,
+}
+
+/// A group of 16 neurons is hot when its mean firing frequency is at least this: computing all
+/// 16 rows in the interleaved layout then costs less than gathering the chosen ones.
+const HOT_GROUP_MIN_FREQUENCY: f32 = 0.4;
 
 impl LayerWeights {
     /// The down projection in whichever layout the file has (row-major preferred).
@@ -232,16 +249,23 @@ impl Model {
     /// float accumulation order.
     pub fn matmul(&self, w: &Weight, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let mut y = vec![0f32; n * w.rows];
-        let interleaved = w.interleaved.get_or_init(|| {
-            (Interleaved::TYPES.contains(&w.ty) && Interleaved::is_fast())
-                .then(|| Interleaved::from_matrix(&self.matrix(w)).ok())
-                .flatten()
-        });
-        match interleaved {
+        match self.interleaved(w) {
             Some(il) => il.matmul(x, n, &mut y)?,
             None => cpu::matmul(&self.matrix(w), x, n, &mut y)?,
         }
         Ok(y)
+    }
+
+    /// `w`'s 16-row interleaved copy, made on first use, where this CPU runs that layout faster
+    /// than the row-major one and `w` is of one of [`Interleaved::TYPES`]; else `None`.
+    pub fn interleaved<'a>(&'a self, w: &'a Weight) -> Option<&'a Interleaved> {
+        w.interleaved
+            .get_or_init(|| {
+                (Interleaved::TYPES.contains(&w.ty) && Interleaved::is_fast())
+                    .then(|| Interleaved::from_matrix(&self.matrix(w)).ok())
+                    .flatten()
+            })
+            .as_ref()
     }
 
     /// Gives every layer without one a neuron-major F16 copy of its down projection (`ffn_down_t`),
@@ -321,6 +345,76 @@ impl Model {
         Ok(())
     }
 
+    /// Renumbers every layer's FFN neurons hottest first (`frequencies[layer][i]`: how often neuron
+    /// `i` fires): the rows of gate, up, the neuron-major down projection and the predictor's fc2
+    /// (and up's bias) move together, so the FFN computes the same sum in another order. The
+    /// sparse operators then read the often-chosen neurons as long runs of consecutive rows that
+    /// stream from memory, instead of scattered rows each waiting on DRAM. Layers that keep a
+    /// row-major down projection (whose neurons are columns inside quantisation blocks) stay as
+    /// they are; returns the number of layers renumbered.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `frequencies` does not give one value per neuron of
+    /// every layer.
+    pub fn order_neurons_by_frequency(&mut self, frequencies: &[Vec<f32>]) -> Result<usize> {
+        if frequencies.len() != self.layers.len() {
+            return Err(Error::InvalidArgument(format!(
+                "neuron frequencies for {} layers, the model has {}",
+                frequencies.len(),
+                self.layers.len()
+            )));
+        }
+        let mut renumbered = 0;
+        for (layer, freq) in self.layers.iter_mut().zip(frequencies) {
+            if layer.down.is_some() || layer.down_t.is_none() {
+                continue;
+            }
+            if freq.len() != layer.up.rows {
+                return Err(Error::InvalidArgument(format!(
+                    "{} neuron frequencies for {}, which has {} rows",
+                    freq.len(),
+                    layer.up.name,
+                    layer.up.rows
+                )));
+            }
+            let mut order: Vec<usize> = (0..freq.len()).collect();
+            order.sort_by(|&a, &b| freq[b].total_cmp(&freq[a]));
+            let fc2 = layer.predictor.as_mut().map(|p| &mut p.fc2);
+            for w in [
+                layer.gate.as_mut(),
+                Some(&mut layer.up),
+                layer.down_t.as_mut(),
+                fc2,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let data = match &w.data {
+                    WeightData::File(info) => self.file.tensor_data(info),
+                    WeightData::Owned(bytes) => bytes,
+                };
+                let rb = data.len() / w.rows;
+                let mut bytes = vec![0u8; data.len()];
+                for (dst, &i) in bytes.chunks_exact_mut(rb).zip(&order) {
+                    dst.copy_from_slice(&data[i * rb..(i + 1) * rb]);
+                }
+                *w = Weight::new(
+                    format!("{} (hottest first)", w.name),
+                    w.ty,
+                    w.rows,
+                    w.cols,
+                    WeightData::Owned(bytes.into()),
+                );
+            }
+            if let Some(b) = &mut layer.up_b {
+                *b = order.iter().map(|&i| b[i]).collect();
+            }
+            let sorted: Vec<f32> = order.iter().map(|&i| freq[i]).collect();
+            layer.hot = hot_rows(&self.file, layer, &sorted)?.map(Arc::new);
+            renumbered += 1;
+        }
+        Ok(renumbered)
+    }
+
     /// Bytes of all weight matrices read for one decoded token (every layer's matrices and the
     /// LM head; the embedding row is negligible).
     pub fn bytes_per_token(&self) -> u64 {
@@ -391,6 +485,42 @@ const TRANSPOSE_BAND: usize = 64;
 struct Loader<'a> {
     file: &'a GgufFile,
     hp: &'a HyperParams,
+}
+
+/// The interleaved copies of the hot rows of `layer` (ordered hottest first: `freq` its
+/// neurons' frequencies in that order): the leading 16-row groups of gate and up whose mean
+/// frequency reaches [`HOT_GROUP_MIN_FREQUENCY`]. `None` without a gate, without such a group, or
+/// where this CPU or the weight type has no fast interleaved product.
+fn hot_rows(file: &GgufFile, layer: &LayerWeights, freq: &[f32]) -> Result<Option<HotRows>> {
+    let Some(gate) = &layer.gate else {
+        return Ok(None);
+    };
+    let up = &layer.up;
+    let fast = |w: &Weight| Interleaved::TYPES.contains(&w.ty) && Interleaved::is_fast();
+    if !fast(gate) || !fast(up) {
+        return Ok(None);
+    }
+    let g = Interleaved::GROUP_ROWS;
+    let groups = freq
+        .chunks(g)
+        .take_while(|c| c.iter().sum::<f32>() / c.len() as f32 >= HOT_GROUP_MIN_FREQUENCY)
+        .count();
+    let n = (groups * g).min(freq.len());
+    if n == 0 {
+        return Ok(None);
+    }
+    let first_rows = |w: &Weight| {
+        let data = match &w.data {
+            WeightData::File(info) => file.tensor_data(info),
+            WeightData::Owned(bytes) => bytes,
+        };
+        let rb = data.len() / w.rows;
+        Interleaved::from_matrix(&Matrix::new(w.ty, n, w.cols, &data[..n * rb])?)
+    };
+    Ok(Some(HotRows {
+        gate: first_rows(gate)?,
+        up: first_rows(up)?,
+    }))
 }
 
 impl Loader<'_> {
@@ -606,6 +736,7 @@ impl Loader<'_> {
             down_b,
             predictor: self.predictor(il)?,
             post_ffn_norm: required_if(gemma, "post_ffw_norm.weight", hp.n_embd)?,
+            hot: None,
         })
     }
 }

@@ -42,6 +42,10 @@ pub struct ModelArgs {
     /// Apply training-free sparsity to prompt processing too (default: prompts run dense).
     #[arg(long = "sparse-prefill")]
     pub sparse_prefill: bool,
+    /// Keep a sparse model's FFN neurons in file order (default on the CPU: hottest first when
+    /// the file records how often they fire, so that the often-chosen rows are read together).
+    #[arg(long = "file-neuron-order")]
+    pub file_neuron_order: bool,
     /// Type of TEAL's input-major weight copies (default: q8_0 for quantised matrices, f16/f32
     /// for float ones).
     #[arg(long = "teal-type", value_enum)]
@@ -343,6 +347,14 @@ impl ModelArgs {
                 self.device.place(&path, &model, mode, resident, n_ctx)?
             }
         };
+        let ffn_mode = match ffn {
+            Some(Ffn::Mode(mode)) => Some(mode),
+            Some(Ffn::Teal) => None,
+            None => Some(default_ffn_mode(&model)),
+        };
+        if placement.cpu_only && ffn_mode == Some(FfnMode::Sparse) && !self.file_neuron_order {
+            order_neurons(&mut model)?;
+        }
         let note = &placement.note;
         if self.device.device != super::device::DeviceArg::Auto || note != "device: cpu" {
             eprintln!("{note}");
@@ -408,4 +420,23 @@ enum Ffn {
     Mode(FfnMode),
     /// TEAL's operators on every matrix.
     Teal,
+}
+
+/// Renumbers the neurons of a sparse model hottest first (see
+/// [`Model::order_neurons_by_frequency`]) when its file says how often they fire (`calibrate`'s
+/// statistics or `synth`'s targets); a model without statistics runs in file order.
+fn order_neurons(model: &mut Model) -> anyhow::Result<()> {
+    use hotcold_core::placement::stats::{frequencies, FrequencySource};
+    use hotcold_core::placement::FREQUENCY_KEY_PREFIX;
+    let file = model.file();
+    if file.get(&format!("{FREQUENCY_KEY_PREFIX}.0")).is_none()
+        && file.get("hotcold.synth.seed").is_none()
+    {
+        return Ok(());
+    }
+    let (freq, source) = frequencies(file).context("cannot read the neuron statistics")?;
+    if source != FrequencySource::Dense {
+        model.order_neurons_by_frequency(&freq)?;
+    }
+    Ok(())
 }

@@ -89,6 +89,8 @@ pub struct Placement {
     pub gpu_model: Option<Arc<GpuModel>>,
     /// A line describing the placement, for stderr.
     pub note: String,
+    /// Whether everything runs on the CPU (no neuron index is tied to a GPU copy).
+    pub cpu_only: bool,
 }
 
 impl Placement {
@@ -98,6 +100,7 @@ impl Placement {
             offload: Arc::new(CpuFfn),
             gpu_model: None,
             note: note.into(),
+            cpu_only: true,
         }
     }
 }
@@ -155,6 +158,7 @@ impl DeviceArgs {
                         offload: Arc::new(CpuFfn),
                         gpu_model: Some(Arc::new(gpu)),
                         note,
+                        cpu_only: false,
                     });
                 }
                 Err(e) => fallback = format!("{e}; hybrid instead. "),
@@ -180,6 +184,7 @@ impl DeviceArgs {
             offload: Arc::new(gpu),
             gpu_model: None,
             note,
+            cpu_only: false,
         })
     }
 }
@@ -217,6 +222,7 @@ fn segment(
         offload: Arc::new(CpuFfn),
         gpu_model: Some(Arc::new(gpu)),
         note,
+        cpu_only: false,
     })
 }
 
