@@ -20,6 +20,7 @@ use common::data_path;
 use hotcold::engine::{thread_pool, FfnMode, Logits, Session};
 use hotcold::gguf::GgufFile;
 use hotcold::model::Model;
+use hotcold::placement::stats::frequencies;
 use hotcold::quant::GgmlType;
 use hotcold::sample::argmax;
 use hotcold::synth::{self, SynthArch, SynthConfig};
@@ -54,65 +55,79 @@ fn sparse_greedy_text_equals_powerinfer() {
         let (writer, _) = synth::build(&cfg).unwrap();
         let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
         let tokenizer = Tokenizer::from_gguf(&file).unwrap();
-        let model = Model::from_file(file).unwrap();
-        let mut session = Session::new(&model, 256, thread_pool(2).unwrap());
-        assert_eq!(session.ffn_mode(), FfnMode::Sparse);
-        let prompt: Vec<u32> = r["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let hex = r["generated_hex"].as_str().unwrap();
-        let theirs: Vec<u8> = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
-        let what = format!("{} {} {}", r["preset"], r["arch"], r["type"]);
-        let n = r["n"].as_u64().unwrap() as usize;
-        let max_ties = if cfg.ty == GgmlType::F16 { 0 } else { MAX_TIES };
-        // PowerInfer prints each token's piece as it comes (a leading space included).
-        let piece = |t: u32| tokenizer.token_to_piece_with(t, false).to_vec();
-        let mut logits = session.eval(&prompt, Logits::Last).unwrap();
-        let (mut at, mut ties) = (0, 0);
-        for step in 0..n {
-            let rest = &theirs[at..];
-            // a token that continues PowerInfer's text (the last one ends it)
-            let continues = |&t: &u32| {
-                let p = piece(t);
-                !p.is_empty()
-                    && if step + 1 == n {
-                        p == rest
-                    } else {
-                        rest.starts_with(&p)
-                    }
-            };
-            if let Some(eos) = tokenizer.eos() {
-                logits[eos as usize] = f32::NEG_INFINITY; // as PowerInfer's --ignore-eos
-            }
-            let best = argmax(&logits);
-            let next = if continues(&best) {
-                best
-            } else {
-                // PowerInfer's token: the best-scoring one that continues its text
-                let pi = (0..logits.len() as u32)
-                    .filter(continues)
-                    .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
-                    .unwrap_or_else(|| panic!("{what}: no token continues PowerInfer's text"));
-                let gap = logits[best as usize] - logits[pi as usize];
-                ties += 1;
-                assert!(
-                    gap <= TIE_MARGIN && ties <= max_ties,
-                    "{what}: token {step} differs ({best} vs PowerInfer's {pi}, logit gap {gap}); \
-                     ours so far {:?}, PowerInfer's {:?}",
-                    String::from_utf8_lossy(&theirs[..at]),
-                    String::from_utf8_lossy(&theirs)
-                );
-                eprintln!("{what}: near-tie at token {step} (gap {gap})");
-                pi
-            };
-            at += piece(next).len();
-            logits = session.eval(&[next], Logits::Last).unwrap();
+        let plain = Model::from_file(file.clone()).unwrap();
+        // and as `hotcold run --ffn sparse` loads it on the CPU: Q8_0 predictors, neurons
+        // renumbered hottest first
+        let mut as_run = Model::from_file(file).unwrap();
+        as_run.quantize_predictors(GgmlType::Q8_0).unwrap();
+        let (freq, _) = frequencies(as_run.file()).unwrap();
+        as_run.order_neurons_by_frequency(&freq).unwrap();
+        for (model, load) in [(&plain, "file as is"), (&as_run, "as run loads it")] {
+            check_against_powerinfer(model, &tokenizer, &r, &format!("{load}: "));
         }
-        assert_eq!(at, theirs.len(), "{what}: the whole output is compared");
     }
+}
+
+/// Greedy decoding of `model` against PowerInfer's reference `r` (one line of greedy.jsonl).
+fn check_against_powerinfer(model: &Model, tokenizer: &Tokenizer, r: &Value, label: &str) {
+    let ty = ggml_type(r["type"].as_str().unwrap());
+    let mut session = Session::new(model, 256, thread_pool(2).unwrap());
+    assert_eq!(session.ffn_mode(), FfnMode::Sparse);
+    let prompt: Vec<u32> = r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let hex = r["generated_hex"].as_str().unwrap();
+    let theirs: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let what = format!("{label}{} {} {}", r["preset"], r["arch"], r["type"]);
+    let n = r["n"].as_u64().unwrap() as usize;
+    let max_ties = if ty == GgmlType::F16 { 0 } else { MAX_TIES };
+    // PowerInfer prints each token's piece as it comes (a leading space included).
+    let piece = |t: u32| tokenizer.token_to_piece_with(t, false).to_vec();
+    let mut logits = session.eval(&prompt, Logits::Last).unwrap();
+    let (mut at, mut ties) = (0, 0);
+    for step in 0..n {
+        let rest = &theirs[at..];
+        // a token that continues PowerInfer's text (the last one ends it)
+        let continues = |&t: &u32| {
+            let p = piece(t);
+            !p.is_empty()
+                && if step + 1 == n {
+                    p == rest
+                } else {
+                    rest.starts_with(&p)
+                }
+        };
+        if let Some(eos) = tokenizer.eos() {
+            logits[eos as usize] = f32::NEG_INFINITY; // as PowerInfer's --ignore-eos
+        }
+        let best = argmax(&logits);
+        let next = if continues(&best) {
+            best
+        } else {
+            // PowerInfer's token: the best-scoring one that continues its text
+            let pi = (0..logits.len() as u32)
+                .filter(continues)
+                .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
+                .unwrap_or_else(|| panic!("{what}: no token continues PowerInfer's text"));
+            let gap = logits[best as usize] - logits[pi as usize];
+            ties += 1;
+            assert!(
+                gap <= TIE_MARGIN && ties <= max_ties,
+                "{what}: token {step} differs ({best} vs PowerInfer's {pi}, logit gap {gap}); \
+                 ours so far {:?}, PowerInfer's {:?}",
+                String::from_utf8_lossy(&theirs[..at]),
+                String::from_utf8_lossy(&theirs)
+            );
+            eprintln!("{what}: near-tie at token {step} (gap {gap})");
+            pi
+        };
+        at += piece(next).len();
+        logits = session.eval(&[next], Logits::Last).unwrap();
+    }
+    assert_eq!(at, theirs.len(), "{what}: the whole output is compared");
 }

@@ -83,6 +83,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // here --sparsity-mode picks what to calibrate; the model loads dense
     let mode = model_args.sparsity_mode.take();
     model_args.ffn = None;
+    // the statistics and predictors it writes name neurons by their place in the file
+    model_args.file_neuron_order = true;
     let mut loaded = model_args.load(DefaultModel::Gemma3_270m)?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
