@@ -51,8 +51,10 @@ pub struct PredictedFfn<'a> {
     pub fc1: Matrix<'a>,
     /// The predictor's second layer: `n_ff` rows of `R`.
     pub fc2: Matrix<'a>,
-    /// fc2's 16-row interleaved copy, when it has one ([`Interleaved`]): the logits then come
-    /// from it, as [`Interleaved::matmul`] computes them.
+    /// fc1's 16-row interleaved copy, when it has one ([`Interleaved`]): the hidden layer then
+    /// comes from it, as [`Interleaved::matmul`] computes it.
+    pub fc1_interleaved: Option<&'a Interleaved>,
+    /// fc2's interleaved copy, when it has one: the logits then come from it.
     pub fc2_interleaved: Option<&'a Interleaved>,
     /// `ffn_gate`: `n_ff` rows of `n_embd`.
     pub gate: Matrix<'a>,
@@ -261,17 +263,22 @@ fn check(f: &PredictedFfn, x: &[f32], h: &[f32], a: &[f32]) -> Result<(ActKind, 
     let copy_fits = |il: &Interleaved, w: &Matrix, rows_ok: bool| {
         rows_ok && il.cols() == w.cols && il.ty() == w.ty
     };
-    if let Some(il) = f.fc2_interleaved {
-        if !copy_fits(il, &f.fc2, il.rows() == n_ff) {
-            return Err(Error::InvalidArgument(format!(
-                "fc2's interleaved copy is {} {}×{}, fc2 {} {}×{}",
-                il.ty(),
-                il.rows(),
-                il.cols(),
-                f.fc2.ty,
-                n_ff,
-                f.fc2.cols
-            )));
+    for (il, w, name) in [
+        (f.fc1_interleaved, &f.fc1, "fc1"),
+        (f.fc2_interleaved, &f.fc2, "fc2"),
+    ] {
+        if let Some(il) = il {
+            if !copy_fits(il, w, il.rows() == w.rows) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}'s interleaved copy is {} {}×{}, {name} {} {}×{}",
+                    il.ty(),
+                    il.rows(),
+                    il.cols(),
+                    w.ty,
+                    w.rows,
+                    w.cols
+                )));
+            }
         }
     }
     if let Some((gate, up)) = f.hot {
@@ -311,16 +318,15 @@ fn hidden(f: &PredictedFfn, level: Level, x: &Acts, s: &mut Scratch) {
     let r = f.fc1.rows;
     s.hidden.clear();
     s.hidden.resize(r, 0.0);
-    s.chosen.clear();
-    s.chosen.extend(0..r as u32);
-    gather_rows_serial(
-        kernel_for(level, f.fc1.ty),
-        &f.fc1,
-        &s.chosen,
-        x,
-        1,
-        &mut s.hidden,
-    );
+    match f.fc1_interleaved {
+        Some(il) => il.run_rows(level, x, 0, r, &mut s.hidden),
+        None => {
+            s.chosen.clear();
+            s.chosen.extend(0..r as u32);
+            let fc1 = kernel_for(level, f.fc1.ty);
+            gather_rows_serial(fc1, &f.fc1, &s.chosen, x, 1, &mut s.hidden);
+        }
+    }
     s.hidden.iter_mut().for_each(|v| *v = v.max(0.0));
     let kind = kind_for(f.fc2.ty).expect("checked");
     s.hidden_acts
@@ -464,7 +470,10 @@ mod tests {
     /// The separate steps the fused operator replaces: its definition.
     fn reference(f: &PredictedFfn, x: &[f32], h: &[f32]) -> (Vec<f32>, usize) {
         let mut hidden = vec![0f32; f.fc1.rows];
-        matmul(&f.fc1, x, 1, &mut hidden).unwrap();
+        match f.fc1_interleaved {
+            Some(il) => il.matmul(x, 1, &mut hidden).unwrap(),
+            None => matmul(&f.fc1, x, 1, &mut hidden).unwrap(),
+        }
         hidden.iter_mut().for_each(|v| *v = v.max(0.0));
         let mut logits = vec![0f32; f.fc2.rows];
         match f.fc2_interleaved {
@@ -537,6 +546,7 @@ mod tests {
             let mut f = PredictedFfn {
                 fc1: Matrix::new(pty, RANK, EMBD, &fc1).unwrap(),
                 fc2: Matrix::new(pty, N_FF, RANK, &fc2).unwrap(),
+                fc1_interleaved: None,
                 fc2_interleaved: None,
                 gate: Matrix::new(wty, N_FF, EMBD, &gate).unwrap(),
                 up: Matrix::new(wty, N_FF, EMBD, &up).unwrap(),
@@ -548,19 +558,21 @@ mod tests {
             let down = weights(f.down_ty, N_FF, EMBD, &mut rng);
             let down = Matrix::new(f.down_ty, N_FF, EMBD, &down).unwrap();
             check_fused(&f, &x, &h, &down);
-            // with interleaved copies: of fc2, and of the first 160 rows of gate and up (a span
-            // of 64 partly hot)
+            // with interleaved copies: of fc1 and fc2, and of the first 160 rows of gate and up
+            // (a span of 64 partly hot)
             let interleave = |ty: GgmlType, rows: usize, cols: usize, w: &[u8]| {
                 Interleaved::TYPES.contains(&ty).then(|| {
                     Interleaved::from_matrix(&Matrix::new(ty, rows, cols, w).unwrap()).unwrap()
                 })
             };
+            let fc1_il = interleave(pty, RANK, EMBD, &fc1);
             let fc2_il = interleave(pty, N_FF, RANK, &fc2);
             let n_hot = 160;
             let rb = wty.row_bytes(EMBD as u64).unwrap() as usize;
             let hot_gate = interleave(wty, n_hot, EMBD, &gate[..n_hot * rb]);
             let hot_up = interleave(wty, n_hot, EMBD, &up[..n_hot * rb]);
             if fc2_il.is_some() || hot_gate.is_some() {
+                f.fc1_interleaved = fc1_il.as_ref();
                 f.fc2_interleaved = fc2_il.as_ref();
                 f.hot = hot_gate.as_ref().zip(hot_up.as_ref());
                 check_fused(&f, &x, &h, &down);
@@ -598,7 +610,11 @@ mod tests {
         let want_y = reference_down(down, &want, block);
         assert!(want_n > N_FF / 5 && want_n < N_FF / 2, "{want_n} chosen");
         let (pty, wty) = (f.fc2.ty, f.gate.ty);
-        let copies = (f.fc2_interleaved.is_some(), f.hot.is_some());
+        let copies = (
+            f.fc1_interleaved.is_some(),
+            f.fc2_interleaved.is_some(),
+            f.hot.is_some(),
+        );
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         for threads in [1, 2, 3] {
             for with_down in [false, true] {
@@ -629,6 +645,7 @@ mod tests {
         let f = PredictedFfn {
             fc1: Matrix::new(t, RANK, EMBD, &fc1).unwrap(),
             fc2: Matrix::new(t, N_FF, RANK, &fc2).unwrap(),
+            fc1_interleaved: None,
             fc2_interleaved: None,
             gate: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),
             up: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),

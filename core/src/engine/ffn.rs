@@ -304,6 +304,7 @@ fn fused_sparse(
     let weights = cpu::sparse_ffn::PredictedFfn {
         fc1: model.matrix(&predictor.fc1),
         fc2: model.matrix(&predictor.fc2),
+        fc1_interleaved: model.interleaved(&predictor.fc1),
         fc2_interleaved: model.interleaved(&predictor.fc2),
         hot: layer.hot.as_ref().map(|h| (&h.gate, &h.up)),
         gate: model.matrix(gate),
