@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use rayon::prelude::*;
+
 use super::hparams::{Arch, FfnActivation, HyperParams, NormKind};
 use crate::cpu::{self, Interleaved, Matrix};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -394,9 +396,10 @@ impl Model {
                 };
                 let rb = data.len() / w.rows;
                 let mut bytes = vec![0u8; data.len()];
-                for (dst, &i) in bytes.chunks_exact_mut(rb).zip(&order) {
-                    dst.copy_from_slice(&data[i * rb..(i + 1) * rb]);
-                }
+                bytes
+                    .par_chunks_exact_mut(rb)
+                    .zip(&order)
+                    .for_each(|(dst, &i)| dst.copy_from_slice(&data[i * rb..(i + 1) * rb]));
                 *w = Weight::new(
                     format!("{} (hottest first)", w.name),
                     w.ty,
@@ -450,7 +453,6 @@ pub(crate) fn transposed(m: &Matrix) -> Result<(GgmlType, Vec<u8>)> {
 /// and no strided per-element pass over the whole matrix. Same bytes as transposing and
 /// quantising row by row.
 pub(crate) fn transposed_as(m: &Matrix, ty: GgmlType) -> Result<Vec<u8>> {
-    use rayon::prelude::*;
     let (rows, cols) = (m.rows, m.cols);
     let mut dense = vec![0f32; rows * cols];
     dense
