@@ -167,15 +167,12 @@ pub fn predicted_activations(
         chosen.fetch_add(n, Ordering::Relaxed);
         if let Some(w_t) = down_t {
             for band in (k..BANDS).step_by(tasks) {
-                // SAFETY: `partials` holds BANDS × n_out values, band `band` is this task's alone,
-                // and `out`'s spans of this band were written by this task above.
-                let (y, a) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(partials_out.0.add(band * n_out), n_out),
-                        std::slice::from_raw_parts(out.0 as *const f32, n_ff),
-                    )
+                // SAFETY: `partials` holds BANDS × n_out values, and band `band` is this task's
+                // alone.
+                let y = unsafe {
+                    std::slice::from_raw_parts_mut(partials_out.0.add(band * n_out), n_out)
                 };
-                band_down(w_t, level, kinds.1, band, a, &mut s, y);
+                band_down(w_t, level, kinds.1, band, out, &mut s, y);
             }
         }
         SCRATCH.with(|c| c.set(Some(s)));
@@ -185,7 +182,7 @@ pub fn predicted_activations(
     } else {
         (0..tasks).into_par_iter().for_each(task);
     }
-    if let Some((_, y)) = down {
+    if let Some((_, y)) = down.filter(|_| n_out > 0) {
         y.copy_from_slice(&partials[..n_out]);
         for band in partials.chunks_exact(n_out).skip(1) {
             y.iter_mut().zip(band).for_each(|(y, p)| *y += p);
@@ -197,22 +194,26 @@ pub fn predicted_activations(
 }
 
 /// Band `band`'s partial sum of the down projection: `y = Σ a[i] · w_t[i]` over the non-zero
-/// activations of the band's spans, in neuron order.
+/// activations (at `a`, `w_t.rows` values) of the band's spans, in neuron order. The band's spans
+/// must belong to the calling task, which has written them.
 fn band_down(
     w_t: &Matrix,
     level: Level,
     block: Option<usize>,
     band: usize,
-    a: &[f32],
+    a: OutPtr,
     s: &mut Scratch,
     y: &mut [f32],
 ) {
-    let span = span_for(block);
+    let (span, n_ff) = (span_for(block), w_t.rows);
     s.band_rows.clear();
     s.band_coefs.clear();
-    for sp in (band..a.len().div_ceil(span)).step_by(BANDS) {
-        let r = sp * span..((sp + 1) * span).min(a.len());
-        for (i, &v) in a[r.clone()].iter().enumerate() {
+    for sp in (band..n_ff.div_ceil(span)).step_by(BANDS) {
+        let r = sp * span..((sp + 1) * span).min(n_ff);
+        // SAFETY: `a` holds n_ff values, and this span is the caller's alone (no one else writes
+        // it while this slice lives).
+        let a = unsafe { std::slice::from_raw_parts(a.0.add(r.start) as *const f32, r.len()) };
+        for (i, &v) in a.iter().enumerate() {
             if v != 0.0 {
                 s.band_rows.push((r.start + i) as u32);
                 s.band_coefs.push(v);
