@@ -926,13 +926,7 @@ fn run_axpy(kernels: Kernels, w: &Matrix, act: &Active, n_tokens: usize, out: &m
         let mut pf = 0;
         let mut prefetch_to = |end: usize| {
             while pf < nn && pf < end {
-                let base = act.neurons[pf] as usize * rb + seg_off;
-                for off in (0..seg_bytes.min(PREFETCH_SEGMENT_HEAD)).step_by(64) {
-                    prefetch(&w.data[base + off]);
-                }
-                if seg_bytes <= PREFETCH_SEGMENT_HEAD {
-                    prefetch(&w.data[base + seg_bytes - 1]);
-                }
+                prefetch_segment(w, act.neurons[pf], seg_off, seg_bytes);
                 pf += 1;
             }
         };
@@ -986,6 +980,18 @@ fn run_axpy(kernels: Kernels, w: &Matrix, act: &Active, n_tokens: usize, out: &m
     for_each_chunk(n_chunks, task);
 }
 
+/// Prefetches the segment (`seg_bytes` from `seg_off`) of row `row` of `w`: whole when it is
+/// short, else its head (see [`PREFETCH_SEGMENT_HEAD`]).
+fn prefetch_segment(w: &Matrix, row: u32, seg_off: usize, seg_bytes: usize) {
+    let base = row as usize * w.row_bytes() + seg_off;
+    for off in (0..seg_bytes.min(PREFETCH_SEGMENT_HEAD)).step_by(64) {
+        prefetch(&w.data[base + off]);
+    }
+    if seg_bytes <= PREFETCH_SEGMENT_HEAD {
+        prefetch(&w.data[base + seg_bytes - 1]);
+    }
+}
+
 /// `out[c - c0] += Σ_j coefs[j] · w_t[neurons[j]][c]` for the columns `cols` (whole granules, or
 /// up to the end) with a single-token kernel, [`GROUP`] neurons per call in order, prefetching
 /// the rows' segments ahead.
@@ -1012,13 +1018,7 @@ unsafe fn axpy1_range(
     while j < nn {
         let g = (nn - j).min(GROUP);
         while pf < nn && pf < j + g + ahead {
-            let base = neurons[pf] as usize * rb + seg_off;
-            for off in (0..seg_bytes.min(PREFETCH_SEGMENT_HEAD)).step_by(64) {
-                prefetch(&w.data[base + off]);
-            }
-            if seg_bytes <= PREFETCH_SEGMENT_HEAD {
-                prefetch(&w.data[base + seg_bytes - 1]);
-            }
+            prefetch_segment(w, neurons[pf], seg_off, seg_bytes);
             pf += 1;
         }
         let mut segs = [std::ptr::null::<u8>(); GROUP];
