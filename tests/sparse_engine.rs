@@ -144,6 +144,10 @@ fn tiny_ordered(arch: SynthArch, ty: GgmlType) -> Model {
     assert_eq!(source, FrequencySource::SynthTargets);
     let layers = model.order_neurons_by_frequency(&freq).unwrap();
     assert_eq!(layers, model.layers.len());
+    assert!(
+        model.order_neurons_by_frequency(&freq).is_err(),
+        "a second renumbering by the file's frequencies"
+    );
     model
 }
 

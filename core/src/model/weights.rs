@@ -176,6 +176,8 @@ pub struct Model {
     pub output_norm: Norm,
     /// LM head (the token embedding when tied).
     pub output: Weight,
+    /// Whether [`Model::order_neurons_by_frequency`] renumbered the neurons.
+    renumbered: bool,
 }
 
 impl Model {
@@ -224,6 +226,7 @@ impl Model {
             layers,
             output_norm,
             output,
+            renumbered: false,
         })
     }
 
@@ -234,15 +237,7 @@ impl Model {
 
     /// A kernel view of `w`'s data.
     pub fn matrix<'a>(&'a self, w: &'a Weight) -> Matrix<'a> {
-        Matrix {
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            data: match &w.data {
-                WeightData::File(info) => self.file.tensor_data(info),
-                WeightData::Owned(bytes) => bytes,
-            },
-        }
+        view(&self.file, w)
     }
 
     /// `W · x` for `n` token rows of `x` on the CPU, as [`cpu::matmul`] computes it; a Q4_0, Q5_0,
@@ -282,16 +277,7 @@ impl Model {
                 .down
                 .as_ref()
                 .expect("a layer without ffn_down_t has ffn_down");
-            let m = Matrix {
-                ty: down.ty,
-                rows: down.rows,
-                cols: down.cols,
-                data: match &down.data {
-                    WeightData::File(info) => self.file.tensor_data(info),
-                    WeightData::Owned(bytes) => bytes,
-                },
-            };
-            let (ty, bytes) = transposed(&m)?;
+            let (ty, bytes) = transposed(&view(&self.file, down))?;
             layer.down_t = Some(Weight::new(
                 format!("blk.{il}.ffn_down_t.weight (repacked)"),
                 ty,
@@ -316,15 +302,7 @@ impl Model {
                 if w.ty == ty {
                     continue;
                 }
-                let m = Matrix {
-                    ty: w.ty,
-                    rows: w.rows,
-                    cols: w.cols,
-                    data: match &w.data {
-                        WeightData::File(info) => self.file.tensor_data(info),
-                        WeightData::Owned(bytes) => bytes,
-                    },
-                };
+                let m = view(&self.file, w);
                 let row_bytes = ty.row_bytes(w.cols as u64).map_err(|e| Error::Tensor {
                     tensor: w.name.clone(),
                     message: format!("cannot store as {ty}: {e}"),
@@ -356,8 +334,14 @@ impl Model {
     /// they are; returns the number of layers renumbered.
     ///
     /// Errors: [`Error::InvalidArgument`] when `frequencies` does not give one value per neuron of
-    /// every layer.
+    /// every layer, or when the neurons were renumbered already (the frequencies name them by their
+    /// place in the file).
     pub fn order_neurons_by_frequency(&mut self, frequencies: &[Vec<f32>]) -> Result<usize> {
+        if self.renumbered {
+            return Err(Error::InvalidArgument(
+                "the neurons are renumbered already".into(),
+            ));
+        }
         if frequencies.len() != self.layers.len() {
             return Err(Error::InvalidArgument(format!(
                 "neuron frequencies for {} layers, the model has {}",
@@ -390,10 +374,7 @@ impl Model {
             .into_iter()
             .flatten()
             {
-                let data = match &w.data {
-                    WeightData::File(info) => self.file.tensor_data(info),
-                    WeightData::Owned(bytes) => bytes,
-                };
+                let data = view(&self.file, w).data;
                 let rb = data.len() / w.rows;
                 let mut bytes = vec![0u8; data.len()];
                 bytes
@@ -415,6 +396,7 @@ impl Model {
             layer.hot = hot_rows(&self.file, layer, &sorted)?.map(Arc::new);
             renumbered += 1;
         }
+        self.renumbered = renumbered > 0;
         Ok(renumbered)
     }
 
@@ -489,6 +471,19 @@ struct Loader<'a> {
     hp: &'a HyperParams,
 }
 
+/// A kernel view of `w`'s data (in the mapped `file` or held).
+fn view<'a>(file: &'a GgufFile, w: &'a Weight) -> Matrix<'a> {
+    Matrix {
+        ty: w.ty,
+        rows: w.rows,
+        cols: w.cols,
+        data: match &w.data {
+            WeightData::File(info) => file.tensor_data(info),
+            WeightData::Owned(bytes) => bytes,
+        },
+    }
+}
+
 /// The interleaved copies of the hot rows of `layer` (ordered hottest first: `freq` its
 /// neurons' frequencies in that order): the leading 16-row groups of gate and up whose mean
 /// frequency reaches [`HOT_GROUP_MIN_FREQUENCY`]. `None` without a gate, without such a group, or
@@ -512,10 +507,7 @@ fn hot_rows(file: &GgufFile, layer: &LayerWeights, freq: &[f32]) -> Result<Optio
         return Ok(None);
     }
     let first_rows = |w: &Weight| {
-        let data = match &w.data {
-            WeightData::File(info) => file.tensor_data(info),
-            WeightData::Owned(bytes) => bytes,
-        };
+        let data = view(file, w).data;
         let rb = data.len() / w.rows;
         Interleaved::from_matrix(&Matrix::new(w.ty, n, w.cols, &data[..n * rb])?)
     };
