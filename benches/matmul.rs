@@ -62,8 +62,8 @@ fn main() {
         let data = weights(ty, rows, cols);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
         // the interleaved types also in the 16-row layout, where this CPU runs it fast
-        let interleaved = (Interleaved::TYPES.contains(&ty) && Interleaved::is_fast())
-            .then(|| Interleaved::from_matrix(&w).unwrap());
+        let interleaved =
+            Interleaved::is_fast_for(ty).then(|| Interleaved::from_matrix(&w).unwrap());
         for n in [1usize, 8, 64] {
             if lm_head && n > 1 && quick {
                 continue;

@@ -369,6 +369,11 @@ impl Interleaved {
         Level::current() >= Level::Avx512
     }
 
+    /// Whether weights of type `ty` have this layout and this CPU runs it fast.
+    pub fn is_fast_for(ty: GgmlType) -> bool {
+        Interleaved::TYPES.contains(&ty) && Interleaved::is_fast()
+    }
+
     /// `y[t * rows + r] = dot(row r, x[t * cols ..])` for `n_tokens` token rows of `x`, the
     /// activations quantised (to Q8_0 or Q8_K) as [`matmul`](super::matmul) does. Runs on the
     /// current rayon pool; the same bits at every thread count.

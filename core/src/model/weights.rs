@@ -258,7 +258,7 @@ impl Model {
     pub fn interleaved<'a>(&'a self, w: &'a Weight) -> Option<&'a Interleaved> {
         w.interleaved
             .get_or_init(|| {
-                (Interleaved::TYPES.contains(&w.ty) && Interleaved::is_fast())
+                Interleaved::is_fast_for(w.ty)
                     .then(|| Interleaved::from_matrix(&self.matrix(w)).ok())
                     .flatten()
             })
@@ -493,8 +493,7 @@ fn hot_rows(file: &GgufFile, layer: &LayerWeights, freq: &[f32]) -> Result<Optio
         return Ok(None);
     };
     let up = &layer.up;
-    let fast = |w: &Weight| Interleaved::TYPES.contains(&w.ty) && Interleaved::is_fast();
-    if !fast(gate) || !fast(up) {
+    if !Interleaved::is_fast_for(gate.ty) || !Interleaved::is_fast_for(up.ty) {
         return Ok(None);
     }
     let g = Interleaved::GROUP_ROWS;

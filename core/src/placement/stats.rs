@@ -17,6 +17,9 @@ use crate::{Error, Result};
 /// that `hotcold calibrate` writes.
 pub const FREQUENCY_KEY_PREFIX: &str = "hotcold.activation_frequency";
 
+/// The seed `synth` wrote its model with: with its sparsity and Zipf exponent, the targets.
+const SYNTH_SEED_KEY: &str = "hotcold.synth.seed";
+
 /// Where a file's frequencies came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrequencySource {
@@ -55,6 +58,11 @@ pub fn ffn_widths(file: &GgufFile) -> Result<Vec<usize>> {
     Ok(widths)
 }
 
+/// Whether `file` records how often its neurons fire (sources 1 and 2 of the module docs).
+pub fn records_frequencies(file: &GgufFile) -> bool {
+    file.get(&format!("{FREQUENCY_KEY_PREFIX}.0")).is_some() || file.get(SYNTH_SEED_KEY).is_some()
+}
+
 /// Per layer, the firing frequency of each FFN neuron of `file`, and where it came from.
 pub fn frequencies(file: &GgufFile) -> Result<(Vec<Vec<f32>>, FrequencySource)> {
     let widths = ffn_widths(file)?;
@@ -66,7 +74,7 @@ pub fn frequencies(file: &GgufFile) -> Result<(Vec<Vec<f32>>, FrequencySource)> 
             .collect::<Result<_>>()?;
         return Ok((layers, FrequencySource::Calibrated));
     }
-    if let Some(seed) = file.get_u64("hotcold.synth.seed")? {
+    if let Some(seed) = file.get_u64(SYNTH_SEED_KEY)? {
         let sparsity = require_f32(file, "hotcold.synth.sparsity")?;
         let exponent = require_f32(file, "hotcold.synth.zipf_exponent")?;
         let density = 1.0 - f64::from(sparsity);

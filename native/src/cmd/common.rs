@@ -352,7 +352,7 @@ impl ModelArgs {
             Some(Ffn::Teal) => None,
             None => Some(default_ffn_mode(&model)),
         };
-        if placement.cpu_only && ffn_mode == Some(FfnMode::Sparse) && !self.file_neuron_order {
+        if placement.cpu_only() && ffn_mode == Some(FfnMode::Sparse) && !self.file_neuron_order {
             order_neurons(&mut model)?;
         }
         let note = &placement.note;
@@ -426,12 +426,9 @@ enum Ffn {
 /// [`Model::order_neurons_by_frequency`]) when its file says how often they fire (`calibrate`'s
 /// statistics or `synth`'s targets); a model without statistics runs in file order.
 fn order_neurons(model: &mut Model) -> anyhow::Result<()> {
-    use hotcold_core::placement::stats::{frequencies, FrequencySource};
-    use hotcold_core::placement::FREQUENCY_KEY_PREFIX;
+    use hotcold_core::placement::stats::{frequencies, records_frequencies, FrequencySource};
     let file = model.file();
-    if file.get(&format!("{FREQUENCY_KEY_PREFIX}.0")).is_none()
-        && file.get("hotcold.synth.seed").is_none()
-    {
+    if !records_frequencies(file) {
         return Ok(());
     }
     let (freq, source) = frequencies(file).context("cannot read the neuron statistics")?;

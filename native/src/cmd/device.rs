@@ -89,18 +89,20 @@ pub struct Placement {
     pub gpu_model: Option<Arc<GpuModel>>,
     /// A line describing the placement, for stderr.
     pub note: String,
-    /// Whether everything runs on the CPU (no neuron index is tied to a GPU copy).
-    pub cpu_only: bool,
 }
 
 impl Placement {
+    /// Whether everything runs on the CPU (no neuron index is tied to a GPU copy).
+    pub fn cpu_only(&self) -> bool {
+        self.gpu_model.is_none() && self.offload.all_on_cpu()
+    }
+
     /// Everything on the CPU, with `note` for stderr.
     pub fn cpu(note: &str) -> Placement {
         Placement {
             offload: Arc::new(CpuFfn),
             gpu_model: None,
             note: note.into(),
-            cpu_only: true,
         }
     }
 }
@@ -158,7 +160,6 @@ impl DeviceArgs {
                         offload: Arc::new(CpuFfn),
                         gpu_model: Some(Arc::new(gpu)),
                         note,
-                        cpu_only: false,
                     });
                 }
                 Err(e) => fallback = format!("{e}; hybrid instead. "),
@@ -184,7 +185,6 @@ impl DeviceArgs {
             offload: Arc::new(gpu),
             gpu_model: None,
             note,
-            cpu_only: false,
         })
     }
 }
@@ -222,7 +222,6 @@ fn segment(
         offload: Arc::new(CpuFfn),
         gpu_model: Some(Arc::new(gpu)),
         note,
-        cpu_only: false,
     })
 }
 
