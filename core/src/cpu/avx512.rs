@@ -21,7 +21,7 @@ use crate::quant::{GgmlType, QK, QK_K};
 use super::act::Acts;
 use super::avx2::f16_at;
 use super::scalar::k4_scales_mins;
-use super::{Kernel, NT};
+use super::{prefetch_ptr, Kernel, NT};
 
 /// Wraps `$f::<R, N>(w, rb, a, t0, out)` into a [`Kernel`], splitting the rows into groups of at
 /// most `$r1` / `$r2` / `$r4` rows for 1 / 2 / 3–4 tokens.
@@ -314,9 +314,9 @@ unsafe fn dot32<F: Fmt32, const R: usize, const N: usize, const PF: bool>(
             let b = rows[r].add(2 * p * F::BB);
             if prefetch {
                 // the addresses may lie past the weights: a prefetch never faults
-                let ahead = b.wrapping_add(STREAM_AHEAD) as *const i8;
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+                let ahead = b.wrapping_add(STREAM_AHEAD);
+                prefetch_ptr(ahead);
+                prefetch_ptr(ahead.wrapping_add(64));
             }
             u[r] = F::unpack2(b);
             dw[r] = f16_pair(b, b.add(F::BB));
@@ -641,7 +641,7 @@ unsafe fn dot_float<const R: usize, const N: usize, const PF: bool>(
             // one line per row and 64 bytes read (see `dot32`); a prefetch never faults
             for r in 0..R {
                 let ahead = rows[r].wrapping_add(j * esize + STREAM_AHEAD);
-                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                prefetch_ptr(ahead);
             }
         }
         let wv: [__m512; R] = std::array::from_fn(|r| load16(rows[r].add(j * esize)));

@@ -736,7 +736,7 @@ mod avx512 {
         for g in 0..G {
             let ahead = blk[g].wrapping_add(PF_AHEAD);
             for l in part * lines / parts..(part + 1) * lines / parts {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+                crate::cpu::prefetch_ptr(ahead.wrapping_add(64 * l));
             }
         }
     }

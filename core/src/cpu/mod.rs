@@ -545,14 +545,29 @@ fn streaming_kernel_for(level: Level, ty: GgmlType) -> Option<Kernel> {
 /// long: without it a single thread streams at about half the memory bandwidth).
 const PREFETCH_AHEAD: usize = 4 * 1024;
 
-/// Asks for the cache line holding `p` (a no-op where there is no prefetch instruction).
+/// Asks for the cache line holding `p` (see [`prefetch_ptr`]).
 #[inline(always)]
 fn prefetch(p: &u8) {
+    prefetch_ptr(p);
+}
+
+/// Asks for the cache line at `p` ahead of its use, into the core's L2 cache (`prefetcht1`); a
+/// no-op where there is no prefetch instruction. Never faults: `p` may point anywhere, past the
+/// end of the weights included. Every weight prefetch of the CPU kernels goes through here.
+///
+/// L2, not L1: a `prefetcht0` holds one of the L1's few miss buffers until its line arrives, so
+/// a kernel prefetching a few KiB ahead of several streams ran out of them and stalled, while the
+/// L2 keeps many more misses in flight and the kernel's own loads find the lines there. On the
+/// project's 2-core AMD EPYC machine (decode, 2 threads) `prefetcht0` → `prefetcht1` took the
+/// dense Q4_0 `small` twin from 823 to 1014 tok/s, Gemma 3 270M Q4_K_M from 96 to 120, Qwen2.5
+/// 0.5B from 64 to 73, and four F16 Llama-2-7B-shaped TEAL layers from 38.6 to 32.8 ms.
+#[inline(always)]
+pub(crate) fn prefetch_ptr(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching has no architectural effect; SSE is part of the x86-64 baseline.
     unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(p as *const u8 as *const i8)
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;

@@ -889,8 +889,9 @@ struct Kernels {
 /// Bytes at the start of each upcoming row segment that [`run_axpy`] prefetches. A short segment
 /// (a ReLU model's down rows) is prefetched whole; of a long one (TEAL's input-major copies of a
 /// 7B model: 11 KB and more per task) only its head, to start the stream that the hardware
-/// prefetcher then follows: prefetching every line of long segments filled the line-fill buffers
-/// and stalled the core (F16 Llama-2-7B-shaped layers, TEAL 50%: 62 → 45 ms per token).
+/// prefetcher and the kernels' own [`SEGMENT_AHEAD`](x86) prefetches then follow: prefetching
+/// every line of long segments here stalled the core (F16 Llama-2-7B-shaped layers, TEAL 50%: 62
+/// → 45 ms per token into L1; into L2, 27.7 → 32.5 ms).
 const PREFETCH_SEGMENT_HEAD: usize = 512;
 
 /// Splits the columns into ranges (whole granules) and walks all active neurons in each.
@@ -1382,8 +1383,9 @@ mod x86 {
     /// Bytes ahead of the current tile that the single-token kernels prefetch in each segment.
     /// TEAL's input-major rows are long (kilobytes per task); without it they streamed from DRAM
     /// at 0.7 of the dense matmul's pace (F16 TEAL 50% on Llama-2-7B-shaped layers: 42–45 →
-    /// 37–38.5 ms per token for four layers with 512–1024 bytes ahead). Segments shorter than
-    /// this (a ReLU model's down rows) get none here: [`super::run_axpy`] prefetches them whole.
+    /// 37–38.5 ms per token for four layers with 512–1024 bytes ahead into L1; 32.8 into L2,
+    /// where 2–4 KiB ahead did no better). Segments shorter than this (a ReLU model's down rows)
+    /// get none here: [`super::run_axpy`] prefetches them whole.
     const SEGMENT_AHEAD: usize = 1024;
 
     /// Prefetches the `len` bytes at `SEGMENT_AHEAD` past byte `at` of every segment, stopping at
@@ -1395,7 +1397,7 @@ mod x86 {
         for &s in segs {
             let mut off = from;
             while off < to {
-                _mm_prefetch::<_MM_HINT_T0>(s.add(off) as *const i8);
+                super::super::prefetch_ptr(s.add(off));
                 off += 64;
             }
         }
