@@ -21,7 +21,7 @@ use crate::quant::{GgmlType, QK, QK_K};
 use super::act::Acts;
 use super::avx2::f16_at;
 use super::scalar::k4_scales_mins;
-use super::{prefetch_ptr, Kernel, NT};
+use super::{prefetch_ptr, Kernel, RowsKernel, NT};
 
 /// Wraps `$f::<R, N>(w, rb, a, t0, out)` into a [`Kernel`], splitting the rows into groups of at
 /// most `$r1` / `$r2` / `$r4` rows for 1 / 2 / 3–4 tokens.
@@ -630,11 +630,27 @@ unsafe fn dot_float<const R: usize, const N: usize, const PF: bool>(
     load16: impl Fn(*const u8) -> __m512,
     one: impl Fn(*const u8) -> f32,
 ) {
-    let n = rb / esize;
     let rows: [*const u8; R] = std::array::from_fn(|r| w.add(r * rb));
     let x: [*const f32; N] = std::array::from_fn(|t| a.f(t0 + t).as_ptr());
+    float_chains::<R, N>(rows, x, rb / esize, PF && t0 == 0, out, esize, load16, one)
+}
+
+/// The dot products of [`dot_float`] for rows and tokens at any addresses: `out[r * NT + t]` =
+/// dot(`rows[r]`, `x[t]`) over `n` values, one chain of fused multiply-adds per pair over 16-value
+/// steps, then the lanes' sum and the last `n % 16` products one by one.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn float_chains<const R: usize, const N: usize>(
+    rows: [*const u8; R],
+    x: [*const f32; N],
+    n: usize,
+    prefetch: bool,
+    out: &mut [f32],
+    esize: usize,
+    load16: impl Fn(*const u8) -> __m512,
+    one: impl Fn(*const u8) -> f32,
+) {
     let mut acc = [[_mm512_setzero_ps(); N]; R];
-    let prefetch = PF && t0 == 0;
     let mut j = 0;
     while j + 16 <= n {
         if prefetch && (j * esize).is_multiple_of(64) {
@@ -722,6 +738,45 @@ unsafe fn dot_bf16<const R: usize, const N: usize, const PF: bool>(
         |p| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(load256(p)))),
         |p| f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16),
     )
+}
+
+/// `out[r * NT]` = dot(row `rows[r]`, token `t` of `a`) for the `R` rows of `n` F16 values at
+/// `rows` (anywhere): the bits of [`tile_f16`]'s product of the same row and token.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows_f16<const R: usize>(
+    rows: &[*const u8],
+    a: &Acts,
+    t: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    float_chains::<R, 1>(
+        std::array::from_fn(|r| rows[r]),
+        [a.f(t).as_ptr()],
+        n,
+        false,
+        out,
+        2,
+        |p| _mm512_cvtph_ps(load256(p)),
+        |p| f16_at(p),
+    )
+}
+
+/// The AVX-512 [`RowsKernel`] for `ty`, if there is one (F16).
+pub(crate) fn rows_kernel(ty: GgmlType) -> Option<RowsKernel> {
+    unsafe fn f16_rows(rows: &[*const u8], a: &Acts, t: usize, n: usize, out: &mut [f32]) {
+        // SAFETY: selected for CPUs with AVX-512; the caller passes rows of `n` F16 values and
+        // a token of `a` (see `RowsKernel`).
+        unsafe {
+            match rows.len() {
+                1 => rows_f16::<1>(rows, a, t, n, out),
+                2 => rows_f16::<2>(rows, a, t, n, out),
+                3 => rows_f16::<3>(rows, a, t, n, out),
+                _ => rows_f16::<4>(rows, a, t, n, out),
+            }
+        }
+    }
+    (ty == GgmlType::F16).then_some(f16_rows as RowsKernel)
 }
 
 paired_kernels! {

@@ -496,6 +496,25 @@ pub fn dequantize_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<()> {
     crate::quant::dequantize(w.ty, &w.data[r * rb..(r + 1) * rb], out)
 }
 
+/// A row-gather kernel: for the rows of `n` values at the addresses `rows` (at most [`MR`], each
+/// anywhere) and token `t` of the activations, writes `out[i * NT]` = dot(row `i`, token `t`),
+/// with the bits of the [`Kernel`] of the same type.
+///
+/// Safety of a call: each address must hold a whole row of the kernel's type; `t` must be a token of the
+/// activations; `out` must hold `(rows.len() - 1) * NT + 1` values.
+pub(crate) type RowsKernel =
+    unsafe fn(rows: &[*const u8], a: &Acts, t: usize, n: usize, out: &mut [f32]);
+
+/// The [`RowsKernel`] for `ty` at `level`, if there is one (F16 on AVX-512).
+fn rows_kernel_for(level: Level, ty: GgmlType) -> Option<RowsKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx512 {
+        return avx512::rows_kernel(ty);
+    }
+    let _ = (level, ty);
+    None
+}
+
 /// A row kernel: for `nr` weight rows starting at `w` (each `rb` bytes) and the `nt` (≤ [`NT`])
 /// token rows `t0..t0+nt` of `acts`, writes `out[i * NT + t]` = dot(row `i`, token `t0 + t`).
 pub(crate) type Kernel =

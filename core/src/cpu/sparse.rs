@@ -23,8 +23,8 @@ use crate::{Error, Result};
 
 use super::act::{ActKind, Acts};
 use super::{
-    kernel_for, kind_for, offset_shift, packed_for, prefetch, Kernel, Level, Matrix, OutPtr, MR,
-    NT, PREFETCH_AHEAD, SCRATCH,
+    kernel_for, kind_for, offset_shift, packed_for, prefetch, rows_kernel_for, Kernel, Level,
+    Matrix, OutPtr, RowsKernel, MR, NT, PREFETCH_AHEAD, SCRATCH,
 };
 
 /// Computes `y[t * rows.len() + k] = dot(W row rows[k], x token t)` for `t` in `0..n_tokens`.
@@ -414,12 +414,13 @@ fn gather_multi_at<S: AsRef<[u32]>>(
             .zip(ys.iter_mut())
             .map(|((w, a), y)| GatherJob {
                 kernel: kernel_for(level, w.ty),
+                rows: rows_kernel_for(level, w.ty),
                 w,
                 acts: a,
                 out: OutPtr(y.as_mut_ptr()),
             })
             .collect();
-        gather_pairs(&jobs, &pairs);
+        gather_pairs(&jobs, &pairs, n_tokens);
         PAIRS.with(|p| p.set(Some(pairs)));
     }
     SET_ACTS.with(|s| s.set(acts));
@@ -434,6 +435,8 @@ thread_local! {
 /// One matrix of a [`gather_pairs`] call: its kernel, its quantised input and its output.
 struct GatherJob<'a> {
     kernel: Kernel,
+    /// The row-gather kernel of the matrix's type, where there is one.
+    rows: Option<RowsKernel>,
     w: &'a Matrix<'a>,
     acts: &'a Acts,
     out: OutPtr,
@@ -495,24 +498,32 @@ thread_local! {
 
 /// Runs the pairs: each task walks a chunk of the union's rows, prefetching ahead, and computes
 /// each row's dots, of every job's matrix, for its runs of consecutive tokens.
-fn gather_pairs(jobs: &[GatherJob], p: &Pairs) {
+fn gather_pairs(jobs: &[GatherJob], p: &Pairs, n_tokens: usize) {
     let n = p.rows.len();
     let rb: usize = jobs.iter().map(|j| j.w.row_bytes()).sum();
     let chunk = gather_chunk(n, rb, 2);
     let n_chunks = n.div_ceil(chunk);
     let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
+    let by_token = jobs.iter().all(|j| j.rows.is_some());
     let task = move |c: usize| {
         let j0 = c * chunk;
         let j1 = (j0 + chunk).min(n);
         let mut tile = [0f32; MR * NT];
         let mut pf = j0;
-        for j in j0..j1 {
+        let mut prefetch_to = |j: usize| {
             while pf < j1 && pf <= j + ahead {
                 for job in jobs {
                     prefetch_row(job.w, p.rows[pf], job.w.row_bytes());
                 }
                 pf += 1;
             }
+        };
+        if by_token {
+            gather_by_token(jobs, p, j0..j1, n_tokens, &mut prefetch_to);
+            return;
+        }
+        for j in j0..j1 {
+            prefetch_to(j);
             let r = p.rows[j] as usize;
             let (s, e) = (p.start[j] as usize, p.start[j + 1] as usize);
             for job in jobs {
@@ -543,6 +554,60 @@ fn gather_pairs(jobs: &[GatherJob], p: &Pairs) {
         }
     };
     for_each_chunk(n_chunks, task);
+}
+
+/// The pairs of the union's rows `range` with row-gather kernels: each token's pairs go out
+/// [`MR`] rows at a time, rows in order (each pair computed once, as independent chains; a
+/// token's rows are read again from cache, a few rows after the first token needing them).
+fn gather_by_token(
+    jobs: &[GatherJob],
+    p: &Pairs,
+    range: std::ops::Range<usize>,
+    n_tokens: usize,
+    prefetch_to: &mut impl FnMut(usize),
+) {
+    // per token, up to MR pending (row, pair) entries
+    let mut pending = vec![(0u32, 0u32); n_tokens * MR];
+    let mut len = vec![0usize; n_tokens];
+    let mut tile = [0f32; MR * NT];
+    let mut flush = |t: usize, entries: &[(u32, u32)]| {
+        for job in jobs {
+            let rb = job.w.row_bytes();
+            let rows: [*const u8; MR] = std::array::from_fn(|k| {
+                let r = entries[k.min(entries.len() - 1)].0 as usize;
+                job.w.data[r * rb..(r + 1) * rb].as_ptr()
+            });
+            let kernel = job
+                .rows
+                .expect("by_token: every job has a row-gather kernel");
+            // SAFETY: each address is a whole row of the job's matrix, t < n_tokens is a token
+            // of its activations and the tile holds MR × NT values.
+            unsafe { kernel(&rows[..entries.len()], job.acts, t, job.w.cols, &mut tile) };
+            for (k, &(_, i)) in entries.iter().enumerate() {
+                // SAFETY: outs are distinct positions < the job's output length, and the pairs
+                // of this task's rows belong to it alone.
+                unsafe { *job.out.0.add(p.outs[i as usize] as usize) = tile[k * NT] };
+            }
+        }
+    };
+    for j in range {
+        prefetch_to(j);
+        let r = p.rows[j];
+        for i in p.start[j]..p.start[j + 1] {
+            let t = p.toks[i as usize] as usize;
+            pending[t * MR + len[t]] = (r, i);
+            len[t] += 1;
+            if len[t] == MR {
+                flush(t, &pending[t * MR..(t + 1) * MR]);
+                len[t] = 0;
+            }
+        }
+    }
+    for (t, &l) in len.iter().enumerate() {
+        if l > 0 {
+            flush(t, &pending[t * MR..t * MR + l]);
+        }
+    }
 }
 
 /// Prefetches weight row `r` (of `rb` bytes).
@@ -604,6 +669,24 @@ struct Active {
     /// `q` is `plans[plan_start[q]..plan_start[q + 1]]`), built once and shared by every task.
     plans: Vec<Step>,
     plan_start: Vec<u32>,
+    /// Scratch counts of [`Active::build`] (per neuron) and [`Active::build_plans`] (per token).
+    count: Vec<u32>,
+    /// Scratch of [`Active::build`] for a batch: per token, a bit per neuron with a non-zero
+    /// coefficient (64 neurons per word).
+    mask: Vec<u64>,
+}
+
+/// Calls `f(t, i)` for every set bit `i` of each token `t`'s `words` mask words, in order.
+fn for_each_set_bit(mask: &[u64], words: usize, mut f: impl FnMut(usize, usize)) {
+    for (t, token) in mask.chunks_exact(words).enumerate() {
+        for (w, &word) in token.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                f(t, w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+    }
 }
 
 impl Active {
@@ -624,43 +707,79 @@ impl Active {
             self.toks.resize(self.neurons.len(), 0);
             return;
         }
-        for i in 0..rows {
-            let s = self.toks.len();
-            for t in 0..n_tokens {
-                let v = a[t * rows + i];
-                if v != 0.0 {
-                    self.toks.push(t as u32);
-                    self.coefs.push(v);
-                }
-            }
-            if self.toks.len() > s {
+        // a batch: a bit mask of each token's non-zero coefficients (branch-free), then each
+        // neuron's token count from the set bits, the listed neurons and where their pairs start,
+        // and each token's pairs placed token after token (each neuron's tokens ascending)
+        let words = rows.div_ceil(64);
+        self.mask.clear();
+        for row in a.chunks_exact(rows) {
+            self.mask.extend(row.chunks(64).map(|c| {
+                c.iter()
+                    .enumerate()
+                    .fold(0u64, |m, (k, &v)| m | (u64::from(v != 0.0) << k))
+            }));
+        }
+        self.count.clear();
+        self.count.resize(rows, 0);
+        for_each_set_bit(&self.mask, words, |_, i| self.count[i] += 1);
+        let mut pos = 0u32;
+        for (i, c) in self.count.iter_mut().enumerate() {
+            if *c > 0 {
                 self.neurons.push(i as u32);
-                self.start.push(s as u32);
+                self.start.push(pos);
+                (pos, *c) = (pos + *c, pos);
             }
         }
-        self.start.push(self.toks.len() as u32);
+        self.start.push(pos);
+        self.toks.resize(pos as usize, 0);
+        self.coefs.resize(pos as usize, 0.0);
+        let (count, toks, coefs) = (&mut self.count, &mut self.toks, &mut self.coefs);
+        for_each_set_bit(&self.mask, words, |t, i| {
+            let p = count[i] as usize;
+            count[i] += 1;
+            toks[p] = t as u32;
+            coefs[p] = a[t * rows + i];
+        });
     }
 
     /// Fills `plans`: for each group of [`GROUP`] listed neurons, its (token, neuron) pairs
     /// ordered by token, then neuron (each token's fused multiply-adds in the neuron order of
-    /// [`AxpyKernel`] calls).
-    fn build_plans(&mut self) {
+    /// [`AxpyKernel`] calls): a counting sort of the group's pairs by token.
+    fn build_plans(&mut self, n_tokens: usize) {
         self.plans.clear();
         self.plan_start.clear();
+        let filler = Step {
+            tok: 0,
+            j: 0,
+            coef: 0.0,
+        };
         for j0 in (0..self.neurons.len()).step_by(GROUP) {
             let g = (self.neurons.len() - j0).min(GROUP);
+            let (s, e) = (self.start[j0] as usize, self.start[j0 + g] as usize);
             let first = self.plans.len();
             self.plan_start.push(first as u32);
-            for k in 0..g {
-                let (s, e) = (self.start[j0 + k] as usize, self.start[j0 + k + 1] as usize);
-                self.plans.extend((s..e).map(|p| Step {
-                    tok: self.toks[p],
-                    j: k as u32,
-                    coef: self.coefs[p],
-                }));
+            self.count.clear();
+            self.count.resize(n_tokens + 1, 0);
+            for &t in &self.toks[s..e] {
+                self.count[t as usize + 1] += 1;
             }
-            // stable: a token's steps keep their neuron order
-            self.plans[first..].sort_by_key(|step| step.tok);
+            for t in 1..=n_tokens {
+                self.count[t] += self.count[t - 1];
+            }
+            self.plans.resize(first + (e - s), filler);
+            for k in 0..g {
+                let (ks, ke) = (self.start[j0 + k] as usize, self.start[j0 + k + 1] as usize);
+                for p in ks..ke {
+                    let tok = self.toks[p];
+                    let at = &mut self.count[tok as usize];
+                    self.plans[first + *at as usize] = Step {
+                        tok,
+                        j: k as u32,
+                        coef: self.coefs[p],
+                    };
+                    *at += 1;
+                }
+            }
         }
         self.plan_start.push(self.plans.len() as u32);
     }
@@ -864,7 +983,7 @@ pub(crate) fn sparse_axpy_at(
             (None, axpy_kernel_n(level, ty))
         };
         if kn.is_some() {
-            act.build_plans();
+            act.build_plans(n_tokens);
         }
         let kernels = Kernels {
             one: axpy_kernel(level, ty),

@@ -74,11 +74,21 @@ fn index_lists(rows: usize, rng: &mut Rng) -> Vec<Vec<u32>> {
     ]
 }
 
+/// Columns of a test matrix of `ty`: whole blocks, and for float types a part of a 16-value step
+/// at the end of each row.
+fn test_cols(ty: GgmlType) -> usize {
+    match ty.block_size() {
+        256 => 512,
+        1 => 104,
+        _ => 96,
+    }
+}
+
 #[test]
 fn gather_is_bit_identical_to_dense() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for &ty in TYPES {
-        let cols = if ty.block_size() == 256 { 512 } else { 96 };
+        let cols = test_cols(ty);
         let rows = 37;
         let data = weights(ty, rows, cols, &mut rng);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
@@ -414,7 +424,7 @@ fn check_sets(
 fn gather_sets_is_bit_identical_to_dense() {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     for &ty in TYPES {
-        let cols = if ty.block_size() == 256 { 512 } else { 96 };
+        let cols = test_cols(ty);
         let rows = 37;
         let data = weights(ty, rows, cols, &mut rng);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
