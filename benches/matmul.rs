@@ -151,7 +151,7 @@ fn dram_pass(budget: Duration) {
             flops / row_major / 1e9,
             "",
         );
-        if !Interleaved::is_fast() {
+        if !Interleaved::is_fast_for(ty) {
             continue;
         }
         let ils: Vec<Interleaved> = mats

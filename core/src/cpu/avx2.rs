@@ -247,7 +247,7 @@ unsafe fn nibbles_32(p: *const u8) -> __m256i {
 
 /// The 32 bits of the little-endian u32 at `p` → 32 bytes, `0x10` where the bit is set.
 #[inline(always)]
-unsafe fn bits_32_as_0x10(p: *const u8) -> __m256i {
+pub(crate) unsafe fn bits_32_as_0x10(p: *const u8) -> __m256i {
     let x = (p as *const u32).read_unaligned();
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

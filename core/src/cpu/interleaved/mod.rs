@@ -363,15 +363,15 @@ impl Interleaved {
         self.data.len()
     }
 
-    /// Whether this CPU runs the interleaved product faster than the row-major one (AVX-512 VNNI);
-    /// elsewhere it runs a scalar loop, correct but slow.
-    pub fn is_fast() -> bool {
-        Level::current() >= Level::Avx512
-    }
-
-    /// Whether weights of type `ty` have this layout and this CPU runs it fast.
+    /// Whether weights of type `ty` have this layout and this CPU runs it fast: every type with
+    /// AVX-512 VNNI, the 32-column ones with AVX2.
     pub fn is_fast_for(ty: GgmlType) -> bool {
-        Interleaved::TYPES.contains(&ty) && Interleaved::is_fast()
+        match (Format::of(ty), Level::current()) {
+            (Some(_), Level::Avx512) => true,
+            #[cfg(target_arch = "x86_64")]
+            (Some(format), Level::Avx2) => avx2::supports(format),
+            _ => false,
+        }
     }
 
     /// `y[t * rows + r] = dot(row r, x[t * cols ..])` for `n_tokens` token rows of `x`, the
@@ -482,6 +482,10 @@ impl Interleaved {
                 match level {
                     #[cfg(target_arch = "x86_64")]
                     Level::Avx512 => avx512::tile(self, g, ng, acts, t0, nt, &mut tile),
+                    #[cfg(target_arch = "x86_64")]
+                    Level::Avx2 if avx2::supports(self.format) => {
+                        avx2::tile(self, g, ng, acts, t0, nt, &mut tile)
+                    }
                     _ => self.scalar_tile(g, ng, acts, t0, nt, &mut tile),
                 }
                 for (i, lanes) in tile.iter().enumerate().take(ng * nt) {
@@ -539,6 +543,9 @@ const MAX_GROUPS: usize = 4;
 const MAX_TOKENS: usize = 4;
 /// Output tiles of one call (group-major: `tile[g * nt + t]`).
 const TILE: usize = MAX_GROUPS * MAX_TOKENS;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -1118,21 +1125,30 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_path_gives_the_scalar_bits() {
+    fn the_fast_paths_give_the_scalar_bits() {
         let mut rng = Rng(11);
+        let levels: Vec<Level> = [Level::Avx2, Level::Avx512]
+            .into_iter()
+            .filter(|l| l.available())
+            .collect();
         each_shape(|ty, rows, cols| {
             for n in 1..=9 {
                 let (w, x) = case(&mut rng, ty, rows, cols, n);
                 let il = interleave(ty, rows, cols, &w);
-                let (fast, scalar) = (product(&il, &x, n, false), product(&il, &x, n, true));
-                let same = fast
-                    .iter()
-                    .zip(&scalar)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{ty} {rows}×{cols}, {n} tokens: {fast:?} vs {scalar:?}"
-                );
+                let scalar = product(&il, &x, n, true);
+                for &level in &levels {
+                    let mut fast = vec![f32::NAN; n * rows];
+                    il.matmul_at(level, &x, n, &mut fast).unwrap();
+                    let same = fast
+                        .iter()
+                        .zip(&scalar)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{ty} {rows}×{cols}, {n} tokens, {}: {fast:?} vs {scalar:?}",
+                        level.name()
+                    );
+                }
             }
         });
     }
