@@ -363,15 +363,10 @@ impl Interleaved {
         self.data.len()
     }
 
-    /// Whether weights of type `ty` have this layout and this CPU runs it fast: every type with
-    /// AVX-512 VNNI, the 32-column ones with AVX2.
+    /// Whether weights of type `ty` have this layout and this CPU runs it faster than the
+    /// row-major product (AVX2 or AVX-512 VNNI); elsewhere it runs a scalar loop, correct but slow.
     pub fn is_fast_for(ty: GgmlType) -> bool {
-        match (Format::of(ty), Level::current()) {
-            (Some(_), Level::Avx512) => true,
-            #[cfg(target_arch = "x86_64")]
-            (Some(format), Level::Avx2) => avx2::supports(format),
-            _ => false,
-        }
+        Interleaved::TYPES.contains(&ty) && Level::current() >= Level::Avx2
     }
 
     /// `y[t * rows + r] = dot(row r, x[t * cols ..])` for `n_tokens` token rows of `x`, the
@@ -483,9 +478,7 @@ impl Interleaved {
                     #[cfg(target_arch = "x86_64")]
                     Level::Avx512 => avx512::tile(self, g, ng, acts, t0, nt, &mut tile),
                     #[cfg(target_arch = "x86_64")]
-                    Level::Avx2 if avx2::supports(self.format) => {
-                        avx2::tile(self, g, ng, acts, t0, nt, &mut tile)
-                    }
+                    Level::Avx2 => avx2::tile(self, g, ng, acts, t0, nt, &mut tile),
                     _ => self.scalar_tile(g, ng, acts, t0, nt, &mut tile),
                 }
                 for (i, lanes) in tile.iter().enumerate().take(ng * nt) {
