@@ -19,19 +19,14 @@ use std::arch::x86_64::*;
 
 use super::super::avx2::bits_32_as_0x10;
 use super::{
-    Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4K_M, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL, Q6K_SC,
-    QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
+    format, k_tokens, Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4, Q4K_M, Q4K_QS, Q4K_SC,
+    Q5, Q6K_QH, Q6K_QL, Q6K_SC, Q8, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
 };
 
 /// Rows per 256-bit register of i32 lanes: a group is two halves.
 const HALF: usize = GROUP / 2;
 /// Bytes ahead of the block being read that the first token pair prefetches.
 const PF_AHEAD: usize = 4096;
-
-/// The 32-column kernel's const-generic names of its formats.
-const Q4: u8 = 0;
-const Q5: u8 = 1;
-const Q8: u8 = 2;
 
 /// [`Interleaved::scalar_tile`] with AVX2 (the same bits).
 pub(super) fn tile(
@@ -71,15 +66,6 @@ pub(super) fn tile(
     }
 }
 
-/// The format `F` of a const-generic name.
-const fn format(f: u8) -> Format {
-    match f {
-        Q4 => Format::Q4_0,
-        Q5 => Format::Q5_0,
-        _ => Format::Q8_0,
-    }
-}
-
 /// Steps whose 16-bit products format `F` adds before widening them (see the module doc).
 const fn steps_per_widening(f: u8) -> usize {
     match f {
@@ -107,10 +93,7 @@ unsafe fn step<const F: u8>(blk: *const u8, j: usize, h: usize) -> ([__m256i; 2]
             [8 * j, 8 * j + QUAD],
         );
     }
-    let v = load(j);
-    let nibble = _mm256_set1_epi8(15);
-    let mut lo = _mm256_and_si256(v, nibble);
-    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+    let (mut lo, mut hi) = nibbles(load(j));
     if F == Q5 {
         // bit k of mask m marks byte k of its step; this half's bytes are bits 32h..
         let masks = blk.add(SCALE_BYTES + NIBBLE_BYTES + 4 * h);
@@ -241,16 +224,6 @@ unsafe fn store<const N: usize>(acc: &[[__m256; N]; 2], out: &mut [[f32; GROUP]]
             _mm256_storeu_ps(out[t][HALF * h..].as_mut_ptr(), acc[h][t]);
         }
     }
-}
-
-/// Tokens `t0..t0 + N` of Q8_K activations: quants, block scales and 16-sums.
-#[inline(always)]
-fn k_tokens<const N: usize>(acts: &Acts, t0: usize) -> ([*const u8; N], [&[f32]; N], [&[i16]; N]) {
-    (
-        std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8),
-        std::array::from_fn(|t| acts.d(t0 + t)),
-        std::array::from_fn(|t| acts.bsums(t0 + t)),
-    )
 }
 
 /// Q4_K, one group × `N` tokens from `t0`: per sub-block of 32, eight steps of nibbles added in

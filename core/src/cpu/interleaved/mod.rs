@@ -537,6 +537,41 @@ const MAX_TOKENS: usize = 4;
 /// Output tiles of one call (group-major: `tile[g * nt + t]`).
 const TILE: usize = MAX_GROUPS * MAX_TOKENS;
 
+/// The SIMD kernels' const-generic names of the formats.
+#[cfg(target_arch = "x86_64")]
+const Q4: u8 = 0;
+#[cfg(target_arch = "x86_64")]
+const Q5: u8 = 1;
+#[cfg(target_arch = "x86_64")]
+const Q8: u8 = 2;
+#[cfg(target_arch = "x86_64")]
+const Q4K: u8 = 3;
+#[cfg(target_arch = "x86_64")]
+const Q6K: u8 = 4;
+
+/// The format `F` of a const-generic name.
+#[cfg(target_arch = "x86_64")]
+const fn format(f: u8) -> Format {
+    match f {
+        Q4 => Format::Q4_0,
+        Q5 => Format::Q5_0,
+        Q8 => Format::Q8_0,
+        Q4K => Format::Q4_K,
+        _ => Format::Q6_K,
+    }
+}
+
+/// Tokens `t0..t0 + N` of Q8_K activations: quants, block scales and 16-sums.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn k_tokens<const N: usize>(acts: &Acts, t0: usize) -> ([*const u8; N], [&[f32]; N], [&[i16]; N]) {
+    (
+        std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8),
+        std::array::from_fn(|t| acts.d(t0 + t)),
+        std::array::from_fn(|t| acts.bsums(t0 + t)),
+    )
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
@@ -548,16 +583,9 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{
-        Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4K_M, Q4K_QS, Q4K_SC, Q6K_QH, Q6K_QL,
-        Q6K_SC, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
+        format, k_tokens, Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4, Q4K, Q4K_M, Q4K_QS,
+        Q4K_SC, Q5, Q6K, Q6K_QH, Q6K_QL, Q6K_SC, Q8, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
     };
-
-    /// The kernels' const-generic names of the formats.
-    const Q4: u8 = 0;
-    const Q5: u8 = 1;
-    const Q8: u8 = 2;
-    const Q4K: u8 = 3;
-    const Q6K: u8 = 4;
 
     /// [`Interleaved::scalar_tile`] with AVX-512 VNNI (the same bits).
     pub(super) fn tile(
@@ -582,17 +610,6 @@ mod avx512 {
                 Format::Q4_K => tile_k::<Q4K>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
                 Format::Q6_K => tile_k::<Q6K>(w.as_ptr(), gb, ng, acts, t0, nt, tile),
             }
-        }
-    }
-
-    /// The format `F` of a const-generic name.
-    const fn format(f: u8) -> Format {
-        match f {
-            Q4 => Format::Q4_0,
-            Q5 => Format::Q5_0,
-            Q8 => Format::Q8_0,
-            Q4K => Format::Q4_K,
-            _ => Format::Q6_K,
         }
     }
 
@@ -739,19 +756,6 @@ mod avx512 {
                 crate::cpu::prefetch_ptr(ahead.wrapping_add(64 * l));
             }
         }
-    }
-
-    /// Tokens `t0..t0 + N` of Q8_K activations: quants, block scales and 16-sums.
-    #[inline(always)]
-    fn k_tokens<const N: usize>(
-        acts: &Acts,
-        t0: usize,
-    ) -> ([*const u8; N], [&[f32]; N], [&[i16]; N]) {
-        (
-            std::array::from_fn(|t| acts.q(t0 + t).as_ptr() as *const u8),
-            std::array::from_fn(|t| acts.d(t0 + t)),
-            std::array::from_fn(|t| acts.bsums(t0 + t)),
-        )
     }
 
     /// Step `s` of the quants at `at` of block `blk`.
