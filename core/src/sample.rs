@@ -76,23 +76,27 @@ impl Sampler {
     }
 
     fn choose(&mut self, logits: &[f32]) -> u32 {
-        let mut logits = logits.to_vec();
-        self.apply_penalty(&mut logits);
+        let mut penalised;
+        let logits = if self.penalty_applies() {
+            penalised = logits.to_vec();
+            self.apply_penalty(&mut penalised);
+            &penalised[..]
+        } else {
+            logits
+        };
         let c = &self.config;
         if c.temperature <= 0.0 {
-            return argmax(&logits);
+            return argmax(logits);
         }
-        let mut cands: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if c.top_k > 0 && c.top_k < cands.len() {
-            cands.select_nth_unstable_by(c.top_k - 1, by_logit_desc);
-            cands.truncate(c.top_k);
-        }
+        let mut cands = if c.top_k > 0 && c.top_k < logits.len() {
+            top_k(logits, c.top_k)
+        } else {
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect()
+        };
         cands.sort_by(by_logit_desc);
         if c.top_p < 1.0 {
             let probs = softmax_of(&cands, 1.0);
@@ -125,11 +129,12 @@ impl Sampler {
         cands[cands.len() - 1].0
     }
 
+    fn penalty_applies(&self) -> bool {
+        self.config.repeat_penalty != 1.0 && self.config.repeat_last_n > 0
+    }
+
     fn apply_penalty(&self, logits: &mut [f32]) {
         let penalty = self.config.repeat_penalty;
-        if penalty == 1.0 || self.config.repeat_last_n == 0 {
-            return;
-        }
         let start = self.recent.len().saturating_sub(self.config.repeat_last_n);
         let mut seen: Vec<u32> = self.recent[start..].to_vec();
         seen.sort_unstable();
@@ -140,6 +145,61 @@ impl Sampler {
             }
         }
     }
+}
+
+/// Candidates in sampling order: the larger logit first, the lower id among equal logits (a
+/// total order, so the `k` best are one set whatever the method).
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// A candidate ordered so that the worse one is the greater (the top of a max-heap is the worst
+/// of those kept).
+struct Kept((u32, f32));
+
+impl PartialEq for Kept {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for Kept {}
+impl PartialOrd for Kept {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Kept {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        by_logit_desc(&self.0, &other.0)
+    }
+}
+
+/// The `k` (≥ 1) best candidates of `logits` under [`by_logit_desc`], in no particular order: one
+/// pass with a heap of `k`, where a quickselect over a vocabulary of 262,144 moved and compared
+/// every candidate several times (a sampled token cost milliseconds, on the thread that feeds
+/// the batch).
+fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+    let mut worst = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        if heap.len() == k {
+            // most logits lose to the worst kept one on the first comparison
+            if l < worst {
+                continue;
+            }
+            let cand = Kept((i as u32, l));
+            let mut top = heap.peek_mut().expect("k >= 1");
+            if cand < *top {
+                *top = cand;
+            }
+        } else {
+            heap.push(Kept((i as u32, l)));
+        }
+        if heap.len() == k {
+            worst = heap.peek().expect("k >= 1").0 .1;
+        }
+    }
+    heap.into_iter().map(|c| c.0).collect()
 }
 
 /// Index of the largest logit (the lowest index among ties).
@@ -209,6 +269,28 @@ mod tests {
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
+    }
+
+    #[test]
+    fn top_k_keeps_the_set_a_full_sort_keeps() {
+        // ties (the values repeat), NaN and infinities, k from 1 to past the length
+        let mut logits: Vec<f32> = (0..500).map(|i| ((i * 7919) % 61) as f32 * 0.25).collect();
+        logits[17] = f32::NAN;
+        logits[40] = f32::INFINITY;
+        logits[41] = f32::NEG_INFINITY;
+        let mut all: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        all.sort_by(by_logit_desc);
+        for k in [1, 2, 3, 40, 61, 499, 500] {
+            let mut got = top_k(&logits, k);
+            got.sort_by(by_logit_desc);
+            let bits =
+                |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&all[..k]), "k = {k}");
+        }
     }
 
     #[test]
