@@ -19,8 +19,8 @@ use std::arch::x86_64::*;
 
 use super::super::avx2::bits_32_as_0x10;
 use super::{
-    format, k_tokens, Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4, Q4K_M, Q4K_QS, Q4K_SC,
-    Q5, Q6K_QH, Q6K_QL, Q6K_SC, Q8, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
+    format, k_tokens, q4k_min_pairs, Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4, Q4K_M,
+    Q4K_QS, Q4K_SC, Q5, Q6K_QH, Q6K_QL, Q6K_SC, Q8, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
 };
 
 /// Rows per 256-bit register of i32 lanes: a group is two halves.
@@ -243,13 +243,8 @@ unsafe fn kernel_q4k<const N: usize>(
         if t0 == 0 {
             prefetch_ahead(blk, bytes);
         }
-        // per token, the sums of each pair of 32-sub-blocks as two i16 in one i32
         let pairs: [[__m256i; 4]; N] = std::array::from_fn(|t| {
-            let bs = &bsums[t][b * 16..(b + 1) * 16];
-            std::array::from_fn(|p| {
-                let s32 = |s: usize| (bs[2 * s] + bs[2 * s + 1]) as u16 as u32;
-                _mm256_set1_epi32((s32(2 * p) | s32(2 * p + 1) << 16) as i32)
-            })
+            q4k_min_pairs(bsums[t], b).map(|v| _mm256_set1_epi32(v as i32))
         });
         for h in 0..2 {
             let mut isum = [_mm256_setzero_si256(); N];

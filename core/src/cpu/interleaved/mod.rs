@@ -572,6 +572,17 @@ fn k_tokens<const N: usize>(acts: &Acts, t0: usize) -> ([*const u8; N], [&[f32];
     )
 }
 
+/// Super-block `b`'s sums of the token's 32-sub-blocks (from its 16-sums `bsums`), paired as
+/// Q4_K's mins are: pair `p` is sub-blocks `2p` (low 16 bits) and `2p + 1` (high), for a
+/// `vpmaddwd` with each row's (min, min).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn q4k_min_pairs(bsums: &[i16], b: usize) -> [u32; 4] {
+    let bs = &bsums[b * 16..(b + 1) * 16];
+    let s32 = |s: usize| (bs[2 * s] + bs[2 * s + 1]) as u16 as u32;
+    std::array::from_fn(|p| s32(2 * p) | s32(2 * p + 1) << 16)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
@@ -583,8 +594,9 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{
-        format, k_tokens, Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4, Q4K, Q4K_M, Q4K_QS,
-        Q4K_SC, Q5, Q6K, Q6K_QH, Q6K_QL, Q6K_SC, Q8, QK, QK_K, QUAD, SCALE_BYTES, STEP_BYTES, TILE,
+        format, k_tokens, q4k_min_pairs, Acts, Format, Interleaved, GROUP, NIBBLE_BYTES, Q4, Q4K,
+        Q4K_M, Q4K_QS, Q4K_SC, Q5, Q6K, Q6K_QH, Q6K_QL, Q6K_SC, Q8, QK, QK_K, QUAD, SCALE_BYTES,
+        STEP_BYTES, TILE,
     };
 
     /// [`Interleaved::scalar_tile`] with AVX-512 VNNI (the same bits).
@@ -844,13 +856,8 @@ mod avx512 {
                     }
                 }
             }
-            // per token, the sums of each pair of 32-sub-blocks as two i16 in one i32
             let pairs: [[__m512i; 4]; N] = std::array::from_fn(|t| {
-                let bs = &bsums[t][b * 16..(b + 1) * 16];
-                std::array::from_fn(|p| {
-                    let s32 = |s: usize| (bs[2 * s] + bs[2 * s + 1]) as u16 as u32;
-                    _mm512_set1_epi32((s32(2 * p) | s32(2 * p + 1) << 16) as i32)
-                })
+                q4k_min_pairs(bsums[t], b).map(|v| _mm512_set1_epi32(v as i32))
             });
             for g in 0..G {
                 let mins: [__m512i; 4] = std::array::from_fn(|p| {
