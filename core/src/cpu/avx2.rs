@@ -14,7 +14,7 @@ use crate::quant::{GgmlType, QK, QK_K};
 
 use super::act::Acts;
 use super::scalar::k4_scales_mins;
-use super::{Kernel, NT};
+use super::{Kernel, RowsKernel, NT};
 
 /// The AVX2 kernel for `ty`, if there is one.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
@@ -31,6 +31,36 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q4_K => tiled_kernel!(dot_q4_k),
         Q5_K => tiled_kernel!(dot_q5_k),
         Q6_K => tiled_kernel!(dot_q6_k),
+        _ => return None,
+    })
+}
+
+/// The AVX2 [`RowsKernel`] for `ty`, if there is one (the 32-element block formats).
+pub(crate) fn rows_kernel(ty: GgmlType) -> Option<RowsKernel> {
+    macro_rules! by_count {
+        ($f:ident) => {{
+            unsafe fn k(rows: &[*const u8], a: &Acts, t: usize, n: usize, out: &mut [f32]) {
+                // SAFETY: selected for CPUs with AVX2 (see `Level::available`); the caller passes
+                // whole rows of `n` values and a token of `a` (see `RowsKernel`).
+                unsafe {
+                    match rows.len() {
+                        1 => $f::<1>(rows, a, t, n, out),
+                        2 => $f::<2>(rows, a, t, n, out),
+                        3 => $f::<3>(rows, a, t, n, out),
+                        _ => $f::<4>(rows, a, t, n, out),
+                    }
+                }
+            }
+            k as RowsKernel
+        }};
+    }
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => by_count!(rows_q4_0),
+        Q4_1 => by_count!(rows_q4_1),
+        Q5_0 => by_count!(rows_q5_0),
+        Q5_1 => by_count!(rows_q5_1),
+        Q8_0 => by_count!(rows_q8_0),
         _ => return None,
     })
 }
@@ -267,8 +297,8 @@ unsafe fn dot_u8_i8(u: __m256i, a: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1))
 }
 
-/// The shared loop of the 32-element block formats over an R × N tile: `unpack(block) -> (u, dw,
-/// mw)` gives the unsigned (or, for Q8_0, signed) quants, the f16 scale and the f16 min; `OFF` is
+/// The shared loop of the 32-element block formats over an R × N tile (the R rows of `n` values
+/// at `rows`, anywhere): `unpack(block) -> (u, dw, mw)` gives the unsigned (or, for Q8_0, signed) quants, the f16 scale and the f16 min; `OFF` is
 /// the weight offset, removed with the activation block sums; `AFFINE` formats add `mw · s`.
 #[inline(always)]
 unsafe fn dot_blocks32<
@@ -278,16 +308,15 @@ unsafe fn dot_blocks32<
     const SIGNED: bool,
     const AFFINE: bool,
 >(
-    w: *const u8,
-    rb: usize,
+    rows: [*const u8; R],
+    n: usize,
     a: &Acts,
     t0: usize,
     out: &mut [f32],
     bb: usize,
     unpack: impl Fn(*const u8) -> (__m256i, f32, f32),
 ) {
-    let nb = rb / bb;
-    let rows: [*const u8; R] = std::array::from_fn(|r| w.add(r * rb));
+    let nb = n / QK;
     let q: [*const u8; N] = std::array::from_fn(|t| a.q(t0 + t).as_ptr() as *const u8);
     let d8: [*const f32; N] = std::array::from_fn(|t| a.d(t0 + t).as_ptr());
     let isum: [*const i32; N] = std::array::from_fn(|t| a.isum(t0 + t).as_ptr());
@@ -339,7 +368,7 @@ unsafe fn dot_blocks32<
 }
 
 macro_rules! fmt32_kernel {
-    ($name:ident, $off:expr, $signed:expr, $affine:expr, $bb:expr, $unpack:expr) => {
+    ($name:ident, $rows_name:ident, $off:expr, $signed:expr, $affine:expr, $bb:expr, $unpack:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name<const R: usize, const N: usize>(
             w: *const u8,
@@ -348,36 +377,58 @@ macro_rules! fmt32_kernel {
             t0: usize,
             out: &mut [f32],
         ) {
-            dot_blocks32::<R, N, $off, $signed, $affine>(w, rb, a, t0, out, $bb, $unpack)
+            let rows = std::array::from_fn(|r| w.add(r * rb));
+            dot_blocks32::<R, N, $off, $signed, $affine>(
+                rows,
+                rb / $bb * QK,
+                a,
+                t0,
+                out,
+                $bb,
+                $unpack,
+            )
+        }
+
+        /// The [`RowsKernel`] form: `R` rows anywhere, one token.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $rows_name<const R: usize>(
+            rows: &[*const u8],
+            a: &Acts,
+            t: usize,
+            n: usize,
+            out: &mut [f32],
+        ) {
+            let rows = std::array::from_fn(|r| rows[r]);
+            dot_blocks32::<R, 1, $off, $signed, $affine>(rows, n, a, t, out, $bb, $unpack)
         }
     };
 }
 
-fmt32_kernel!(dot_q4_0, 8, false, false, 18, |p| (
+fmt32_kernel!(dot_q4_0, rows_q4_0, 8, false, false, 18, |p| (
     nibbles_32(p.add(2)),
     f16_at(p),
     0.0
 ));
-fmt32_kernel!(dot_q4_1, 0, false, true, 20, |p| (
+fmt32_kernel!(dot_q4_1, rows_q4_1, 0, false, true, 20, |p| (
     nibbles_32(p.add(4)),
     f16_at(p),
     f16_at(p.add(2))
 ));
-fmt32_kernel!(dot_q5_0, 16, false, false, 22, |p| {
+fmt32_kernel!(dot_q5_0, rows_q5_0, 16, false, false, 22, |p| {
     (
         _mm256_or_si256(nibbles_32(p.add(6)), bits_32_as_0x10(p.add(2))),
         f16_at(p),
         0.0,
     )
 });
-fmt32_kernel!(dot_q5_1, 0, false, true, 24, |p| {
+fmt32_kernel!(dot_q5_1, rows_q5_1, 0, false, true, 24, |p| {
     (
         _mm256_or_si256(nibbles_32(p.add(8)), bits_32_as_0x10(p.add(4))),
         f16_at(p),
         f16_at(p.add(2)),
     )
 });
-fmt32_kernel!(dot_q8_0, 0, true, false, 34, |p| (
+fmt32_kernel!(dot_q8_0, rows_q8_0, 0, true, false, 34, |p| (
     load256(p.add(2)),
     f16_at(p),
     0.0

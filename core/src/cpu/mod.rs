@@ -505,11 +505,18 @@ pub fn dequantize_row(w: &Matrix, r: usize, out: &mut [f32]) -> Result<()> {
 pub(crate) type RowsKernel =
     unsafe fn(rows: &[*const u8], a: &Acts, t: usize, n: usize, out: &mut [f32]);
 
-/// The [`RowsKernel`] for `ty` at `level`, if there is one (F16 on AVX-512).
+/// The [`RowsKernel`] for `ty` at `level`, if there is one (F16 on AVX-512, the 32-element block
+/// formats on AVX2: each level's own, as their bits are its [`Kernel`]'s).
 fn rows_kernel_for(level: Level, ty: GgmlType) -> Option<RowsKernel> {
     #[cfg(target_arch = "x86_64")]
-    if level >= Level::Avx512 {
-        return avx512::rows_kernel(ty);
+    {
+        // the level whose kernel `kernel_for` picks
+        if level >= Level::Avx512 && avx512::kernel(ty).is_some() {
+            return avx512::rows_kernel(ty);
+        }
+        if level >= Level::Avx2 {
+            return avx2::rows_kernel(ty);
+        }
     }
     let _ = (level, ty);
     None

@@ -72,7 +72,7 @@ pub(crate) fn gather_matmul_at(
     match packed_for(level, w, n_tokens) {
         #[cfg(target_arch = "x86_64")]
         Some((packer, pk)) => gather_packed(packer, pk, w, rows, &acts, n_tokens, y),
-        _ => gather_rows(kernel_for(level, w.ty), w, rows, &acts, n_tokens, y),
+        _ => gather_rows(level, w, rows, &acts, n_tokens, y),
     }
     SCRATCH.with(|s| s.set(Some(acts)));
     Ok(())
@@ -119,14 +119,7 @@ fn run_len(idx: &[u32], k: usize, end: usize, max: usize) -> usize {
 }
 
 /// The dense path's `run_rows` over the gathered rows `idx`.
-fn gather_rows(
-    kernel: Kernel,
-    w: &Matrix,
-    idx: &[u32],
-    acts: &Acts,
-    n_tokens: usize,
-    y: &mut [f32],
-) {
+fn gather_rows(level: Level, w: &Matrix, idx: &[u32], acts: &Acts, n_tokens: usize, y: &mut [f32]) {
     let n = idx.len();
     let chunk = gather_chunk(n, w.row_bytes(), n_tokens);
     let n_chunks = n.div_ceil(chunk);
@@ -134,13 +127,13 @@ fn gather_rows(
     for_each_chunk(n_chunks, move |c| {
         let k0 = c * chunk;
         // SAFETY: y holds n_tokens × n values, and indices k0..k0+chunk belong to this task alone.
-        unsafe { gather_rows_range(kernel, w, idx, k0, (k0 + chunk).min(n), acts, n_tokens, out) }
+        unsafe { gather_rows_range(level, w, idx, k0, (k0 + chunk).min(n), acts, n_tokens, out) }
     });
 }
 
 /// [`gather_rows`] on the calling thread alone.
 pub(super) fn gather_rows_serial(
-    kernel: Kernel,
+    level: Level,
     w: &Matrix,
     idx: &[u32],
     acts: &Acts,
@@ -151,7 +144,7 @@ pub(super) fn gather_rows_serial(
     // SAFETY: y holds n_tokens × idx.len() values and is borrowed mutably here.
     unsafe {
         gather_rows_range(
-            kernel,
+            level,
             w,
             idx,
             0,
@@ -175,7 +168,7 @@ thread_local! {
 /// write the entries of `k0..k1`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gather_rows_range(
-    kernel: Kernel,
+    level: Level,
     w: &Matrix,
     idx: &[u32],
     k0: usize,
@@ -186,6 +179,7 @@ unsafe fn gather_rows_range(
 ) {
     let n = idx.len();
     let rb = w.row_bytes();
+    let (kernel, rows_kernel) = (kernel_for(level, w.ty), rows_kernel_for(level, w.ty));
     let ahead = (PREFETCH_AHEAD / rb.max(1)).max(1);
     let mut tile = [0f32; MR * NT];
     let mut stage = STAGE.with(|s| s.take());
@@ -206,19 +200,35 @@ unsafe fn gather_rows_range(
             let r = idx[k] as usize;
             let mut nr = nr;
             if nr < MR && n_tokens == 1 {
-                // lone rows: copy up to MR of them together, so that one kernel call handles
-                // several rows (each row's result does not depend on its neighbours)
+                // lone rows: up to MR of them in one kernel call (each row's result does not
+                // depend on its neighbours), read where they are by a row-gather kernel, or else
+                // copied together
                 nr = k1.min(k + MR) - k;
-                stage.resize(MR * rb, 0);
                 while pf < k1 && pf < k + nr + ahead {
                     prefetch_row(w, idx[pf], rb);
                     pf += 1;
                 }
-                for (j, &i) in idx[k..k + nr].iter().enumerate() {
-                    let i = i as usize;
-                    stage[j * rb..(j + 1) * rb].copy_from_slice(&w.data[i * rb..(i + 1) * rb]);
+                let rows = &idx[k..k + nr];
+                match rows_kernel {
+                    Some(rows_kernel) => {
+                        let at: [*const u8; MR] = std::array::from_fn(|j| {
+                            let i = rows[j.min(nr - 1)] as usize;
+                            w.data[i * rb..(i + 1) * rb].as_ptr()
+                        });
+                        // SAFETY: each address is a whole row of `w`, token 0 exists (t0 = 0
+                        // with one token) and the tile holds MR × NT values.
+                        unsafe { rows_kernel(&at[..nr], acts, t0, w.cols, &mut tile) };
+                    }
+                    None => {
+                        stage.resize(MR * rb, 0);
+                        for (j, &i) in rows.iter().enumerate() {
+                            let i = i as usize;
+                            stage[j * rb..(j + 1) * rb]
+                                .copy_from_slice(&w.data[i * rb..(i + 1) * rb]);
+                        }
+                        kernel(&stage[..nr * rb], rb, nr, acts, t0, nt, &mut tile);
+                    }
                 }
-                kernel(&stage[..nr * rb], rb, nr, acts, t0, nt, &mut tile);
             } else {
                 kernel(
                     &w.data[r * rb..(r + nr) * rb],
@@ -403,7 +413,7 @@ fn gather_multi_at<S: AsRef<[u32]>>(
     if let [only] = sets {
         // one token: its outputs are gather_matmul's, which runs contiguous rows together
         for ((w, a), y) in ws.iter().zip(&acts).zip(ys.iter_mut()) {
-            gather_rows(kernel_for(level, w.ty), w, only.as_ref(), a, 1, y);
+            gather_rows(level, w, only.as_ref(), a, 1, y);
         }
     } else {
         let mut pairs = PAIRS.with(|p| p.take()).unwrap_or_default();

@@ -22,9 +22,7 @@ use rayon::prelude::*;
 use super::act::{ActKind, Acts};
 use super::interleaved::Interleaved;
 use super::sparse::gather_rows_serial;
-use super::{
-    kernel_for, kind_for, offset_shift, round_with, rounding_block, Level, Matrix, OutPtr,
-};
+use super::{kind_for, offset_shift, round_with, rounding_block, Level, Matrix, OutPtr};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -324,8 +322,7 @@ fn hidden(f: &PredictedFfn, level: Level, x: &Acts, s: &mut Scratch) {
         None => {
             s.chosen.clear();
             s.chosen.extend(0..r as u32);
-            let fc1 = kernel_for(level, f.fc1.ty);
-            gather_rows_serial(fc1, &f.fc1, &s.chosen, x, 1, &mut s.hidden);
+            gather_rows_serial(level, &f.fc1, &s.chosen, x, 1, &mut s.hidden);
         }
     }
     s.hidden.iter_mut().for_each(|v| *v = v.max(0.0));
@@ -374,8 +371,7 @@ fn task_activations(
             }
         }
         None => {
-            let fc2 = kernel_for(level, f.fc2.ty);
-            gather_rows_serial(fc2, &f.fc2, &s.chosen, &s.hidden_acts, 1, &mut s.logits);
+            gather_rows_serial(level, &f.fc2, &s.chosen, &s.hidden_acts, 1, &mut s.logits);
         }
     }
     let mut m = 0;
@@ -414,7 +410,7 @@ fn task_activations(
     ] {
         y.clear();
         y.resize(cold.len(), 0.0);
-        gather_rows_serial(kernel_for(level, w.ty), w, cold, acts, 1, y);
+        gather_rows_serial(level, w, cold, acts, 1, y);
     }
     let mut p = 0;
     for &i in &spans {
