@@ -461,13 +461,16 @@ mod x86 {
         for half in 0..2 {
             let lanes = n.saturating_sub(8 * half).min(8);
             let c: [__m256; GROUP] = std::array::from_fn(|k| {
-                let mut h = [0u16; 8];
-                std::ptr::copy_nonoverlapping(
-                    (chunk[k] as *const u16).add(8 * half),
-                    h.as_mut_ptr(),
-                    lanes,
-                );
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+                let at = (chunk[k] as *const u16).add(8 * half);
+                // a whole half loads directly; a short one through a zeroed copy
+                let h = if lanes == 8 {
+                    _mm_loadu_si128(at as *const __m128i)
+                } else {
+                    let mut h = [0u16; 8];
+                    std::ptr::copy_nonoverlapping(at, h.as_mut_ptr(), lanes);
+                    _mm_loadu_si128(h.as_ptr() as *const __m128i)
+                };
+                let d = _mm256_cvtph_ps(h);
                 _mm256_mul_ps(_mm256_set1_ps(coefs[k]), d)
             });
             let abs = |v: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
