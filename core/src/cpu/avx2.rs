@@ -35,7 +35,7 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     })
 }
 
-/// The AVX2 [`RowsKernel`] for `ty`, if there is one (the 32-element block formats).
+/// The AVX2 [`RowsKernel`] for `ty`, if there is one (the 32-element block and float formats).
 pub(crate) fn rows_kernel(ty: GgmlType) -> Option<RowsKernel> {
     macro_rules! by_count {
         ($f:ident) => {{
@@ -61,6 +61,9 @@ pub(crate) fn rows_kernel(ty: GgmlType) -> Option<RowsKernel> {
         Q5_0 => by_count!(rows_q5_0),
         Q5_1 => by_count!(rows_q5_1),
         Q8_0 => by_count!(rows_q8_0),
+        F32 => by_count!(rows_f32),
+        F16 => by_count!(rows_f16),
+        BF16 => by_count!(rows_bf16),
         _ => return None,
     })
 }
@@ -629,12 +632,13 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(
     }
 }
 
-/// Float rows over an R × N tile: `load8(p)` gives 8 weights from `p` as f32, `one(p)` one.
+/// Float rows over an R × N tile (the R rows of `n` values at `rows`, anywhere): `load8(p)` gives
+/// 8 weights from `p` as f32, `one(p)` one. Each (row, token) is its own pair of chains, so its
+/// bits do not depend on the tile's shape.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn dot_float<const R: usize, const N: usize>(
-    w: *const u8,
-    rb: usize,
+    rows: [*const u8; R],
+    n: usize,
     a: &Acts,
     t0: usize,
     out: &mut [f32],
@@ -642,8 +646,6 @@ unsafe fn dot_float<const R: usize, const N: usize>(
     load8: impl Fn(*const u8) -> __m256,
     one: impl Fn(*const u8) -> f32,
 ) {
-    let n = rb / esize;
-    let rows: [*const u8; R] = std::array::from_fn(|r| w.add(r * rb));
     let x: [*const f32; N] = std::array::from_fn(|t| a.f(t0 + t).as_ptr());
     let mut acc0 = [[_mm256_setzero_ps(); N]; R];
     let mut acc1 = [[_mm256_setzero_ps(); N]; R];
@@ -679,65 +681,56 @@ unsafe fn dot_float<const R: usize, const N: usize>(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f32<const R: usize, const N: usize>(
-    w: *const u8,
-    rb: usize,
-    a: &Acts,
-    t0: usize,
-    out: &mut [f32],
-) {
-    dot_float::<R, N>(
-        w,
-        rb,
-        a,
-        t0,
-        out,
-        4,
-        |p| _mm256_loadu_ps(p as *const f32),
-        |p| (p as *const f32).read_unaligned(),
-    )
+macro_rules! float_kernel {
+    ($name:ident, $rows_name:ident, $esize:expr, $load8:expr, $one:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const R: usize, const N: usize>(
+            w: *const u8,
+            rb: usize,
+            a: &Acts,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            let rows = std::array::from_fn(|r| w.add(r * rb));
+            dot_float::<R, N>(rows, rb / $esize, a, t0, out, $esize, $load8, $one)
+        }
+
+        /// The [`RowsKernel`] form: `R` rows anywhere, one token.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $rows_name<const R: usize>(
+            rows: &[*const u8],
+            a: &Acts,
+            t: usize,
+            n: usize,
+            out: &mut [f32],
+        ) {
+            let rows = std::array::from_fn(|r| rows[r]);
+            dot_float::<R, 1>(rows, n, a, t, out, $esize, $load8, $one)
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16<const R: usize, const N: usize>(
-    w: *const u8,
-    rb: usize,
-    a: &Acts,
-    t0: usize,
-    out: &mut [f32],
-) {
-    dot_float::<R, N>(
-        w,
-        rb,
-        a,
-        t0,
-        out,
-        2,
-        |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-        |p| f16_at(p),
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_bf16<const R: usize, const N: usize>(
-    w: *const u8,
-    rb: usize,
-    a: &Acts,
-    t0: usize,
-    out: &mut [f32],
-) {
-    dot_float::<R, N>(
-        w,
-        rb,
-        a,
-        t0,
-        out,
-        2,
-        |p| {
-            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
-        },
-        |p| f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16),
-    )
-}
+float_kernel!(
+    dot_f32,
+    rows_f32,
+    4,
+    |p| _mm256_loadu_ps(p as *const f32),
+    |p| (p as *const f32).read_unaligned()
+);
+float_kernel!(
+    dot_f16,
+    rows_f16,
+    2,
+    |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+    |p| f16_at(p)
+);
+float_kernel!(
+    dot_bf16,
+    rows_bf16,
+    2,
+    |p| {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+    },
+    |p| f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16)
+);
