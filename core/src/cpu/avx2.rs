@@ -636,6 +636,7 @@ unsafe fn dot_q6_k<const R: usize, const N: usize>(
 /// 8 weights from `p` as f32, `one(p)` one. Each (row, token) is its own pair of chains, so its
 /// bits do not depend on the tile's shape.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dot_float<const R: usize, const N: usize>(
     rows: [*const u8; R],
     n: usize,
