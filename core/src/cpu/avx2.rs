@@ -370,8 +370,13 @@ unsafe fn dot_blocks32<
     }
 }
 
-macro_rules! fmt32_kernel {
-    ($name:ident, $rows_name:ident, $off:expr, $signed:expr, $affine:expr, $bb:expr, $unpack:expr) => {
+/// The two forms of a kernel over rows of `bytes` bytes per `values` values: `$name::<R, N>`, the
+/// [`Kernel`] form (`R` consecutive rows of `rb` bytes, `N` tokens from `t0`), and
+/// `$rows_name::<R>`, the [`RowsKernel`] form (`R` rows anywhere, one token), both running
+/// `$dot::<R, N, $p…>(rows, n, a, t0, out, $extra…)` (given as `$dot[$p…]($extra…)`).
+macro_rules! kernel_forms {
+    ($name:ident, $rows_name:ident, $bytes:expr, $values:expr,
+     $dot:ident[$($p:tt),*]($($extra:expr),*)) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name<const R: usize, const N: usize>(
             w: *const u8,
@@ -381,18 +386,9 @@ macro_rules! fmt32_kernel {
             out: &mut [f32],
         ) {
             let rows = std::array::from_fn(|r| w.add(r * rb));
-            dot_blocks32::<R, N, $off, $signed, $affine>(
-                rows,
-                rb / $bb * QK,
-                a,
-                t0,
-                out,
-                $bb,
-                $unpack,
-            )
+            $dot::<R, N $(, $p)*>(rows, rb / $bytes * $values, a, t0, out $(, $extra)*)
         }
 
-        /// The [`RowsKernel`] form: `R` rows anywhere, one token.
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $rows_name<const R: usize>(
             rows: &[*const u8],
@@ -402,8 +398,21 @@ macro_rules! fmt32_kernel {
             out: &mut [f32],
         ) {
             let rows = std::array::from_fn(|r| rows[r]);
-            dot_blocks32::<R, 1, $off, $signed, $affine>(rows, n, a, t, out, $bb, $unpack)
+            $dot::<R, 1 $(, $p)*>(rows, n, a, t, out $(, $extra)*)
         }
+    };
+}
+
+/// A 32-element block format's kernels (see [`dot_blocks32`]).
+macro_rules! fmt32_kernel {
+    ($name:ident, $rows_name:ident, $off:expr, $signed:expr, $affine:expr, $bb:expr, $unpack:expr) => {
+        kernel_forms!(
+            $name,
+            $rows_name,
+            $bb,
+            QK,
+            dot_blocks32[$off, $signed, $affine]($bb, $unpack)
+        );
     };
 }
 
@@ -682,32 +691,10 @@ unsafe fn dot_float<const R: usize, const N: usize>(
     }
 }
 
+/// A float format's kernels (see [`dot_float`]).
 macro_rules! float_kernel {
     ($name:ident, $rows_name:ident, $esize:expr, $load8:expr, $one:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name<const R: usize, const N: usize>(
-            w: *const u8,
-            rb: usize,
-            a: &Acts,
-            t0: usize,
-            out: &mut [f32],
-        ) {
-            let rows = std::array::from_fn(|r| w.add(r * rb));
-            dot_float::<R, N>(rows, rb / $esize, a, t0, out, $esize, $load8, $one)
-        }
-
-        /// The [`RowsKernel`] form: `R` rows anywhere, one token.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $rows_name<const R: usize>(
-            rows: &[*const u8],
-            a: &Acts,
-            t: usize,
-            n: usize,
-            out: &mut [f32],
-        ) {
-            let rows = std::array::from_fn(|r| rows[r]);
-            dot_float::<R, 1>(rows, n, a, t, out, $esize, $load8, $one)
-        }
+        kernel_forms!($name, $rows_name, $esize, 1, dot_float[]($esize, $load8, $one));
     };
 }
 
