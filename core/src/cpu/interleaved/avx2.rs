@@ -50,9 +50,11 @@ pub(super) fn tile(
             unsafe {
                 match (il.format, nt - t) {
                     (Format::Q4_0, 1) => kernel::<Q4, 1>(p, acts, t0 + t, out),
-                    (Format::Q4_0, _) => kernel::<Q4, 2>(p, acts, t0 + t, out),
+                    (Format::Q4_0, 2 | 3) => kernel::<Q4, 2>(p, acts, t0 + t, out),
+                    (Format::Q4_0, _) => kernel::<Q4, 4>(p, acts, t0 + t, out),
                     (Format::Q5_0, 1) => kernel::<Q5, 1>(p, acts, t0 + t, out),
-                    (Format::Q5_0, _) => kernel::<Q5, 2>(p, acts, t0 + t, out),
+                    (Format::Q5_0, 2 | 3) => kernel::<Q5, 2>(p, acts, t0 + t, out),
+                    (Format::Q5_0, _) => kernel::<Q5, 4>(p, acts, t0 + t, out),
                     (Format::Q8_0, 1) => kernel::<Q8, 1>(p, acts, t0 + t, out),
                     (Format::Q8_0, _) => kernel::<Q8, 2>(p, acts, t0 + t, out),
                     (Format::Q4_K, 1) => kernel_q4k::<1>(p, acts, t0 + t, out),
@@ -61,7 +63,10 @@ pub(super) fn tile(
                     (Format::Q6_K, _) => kernel_q6k::<2>(p, acts, t0 + t, out),
                 }
             }
-            t += (nt - t).min(2);
+            t += match (il.format, nt - t) {
+                (Format::Q4_0 | Format::Q5_0, 4) => 4,
+                (_, left) => left.min(2),
+            };
         }
     }
 }
