@@ -301,8 +301,9 @@ unsafe fn dot_u8_i8(u: __m256i, a: __m256i) -> __m256i {
 }
 
 /// The shared loop of the 32-element block formats over an R × N tile (the R rows of `n` values
-/// at `rows`, anywhere): `unpack(block) -> (u, dw, mw)` gives the unsigned (or, for Q8_0, signed) quants, the f16 scale and the f16 min; `OFF` is
-/// the weight offset, removed with the activation block sums; `AFFINE` formats add `mw · s`.
+/// at `rows`, anywhere): `unpack(block) -> (u, dw, mw)` gives the unsigned (or, for Q8_0, signed)
+/// quants, the f16 scale and the f16 min; `OFF` is the weight offset, removed with the activation
+/// block sums; `AFFINE` formats add `mw · s`.
 #[inline(always)]
 unsafe fn dot_blocks32<
     const R: usize,
