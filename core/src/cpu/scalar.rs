@@ -205,57 +205,55 @@ fn dot_q8_0(row: &[u8], a: &Acts, t: usize) -> f32 {
 
 /// ggml `ggml_vec_dot_q4_K_q8_K`: `d·dA·Σ sc_j (q·a)_j − dmin·dA·Σ m_j bsum_j`.
 fn dot_q4_k(row: &[u8], a: &Acts, t: usize) -> f32 {
-    let (q8, d8, bs) = (a.q(t), a.d(t), a.bsums(t));
-    let mut sumf = 0f32;
-    for ib in 0..d8.len() {
-        let b: BlockQ4K = block(row, ib);
-        let y = &q8[ib * QK_K..(ib + 1) * QK_K];
-        let bs = &bs[ib * 16..(ib + 1) * 16];
-        let mut sumi = 0i32;
-        let mut summ = 0i32;
-        for j in 0..QK_K / 32 {
-            let (sc, m) = get_scale_min_k4(j, &b.scales);
-            let qs = &b.qs[32 * (j / 2)..32 * (j / 2) + 32];
-            let y = &y[32 * j..32 * j + 32];
-            let mut s = 0i32;
-            for l in 0..32 {
-                let q = if j % 2 == 0 { qs[l] & 0xF } else { qs[l] >> 4 };
-                s += q as i32 * y[l] as i32;
-            }
-            sumi += sc as i32 * s;
-            summ += m as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
-        }
-        sumf +=
-            fp16_to_fp32(b.d) * d8[ib] * sumi as f32 - fp16_to_fp32(b.dmin) * d8[ib] * summ as f32;
-    }
-    sumf
+    let head = |b: &BlockQ4K| (b.d, b.dmin, b.scales);
+    dot_k_scale_min(row, a, t, head, |b, j, l| k_nibble(&b.qs, j, l))
 }
 
-/// ggml `ggml_vec_dot_q5_K_q8_K`.
+/// ggml `ggml_vec_dot_q5_K_q8_K`: Q4_K's sum with a fifth bit from `qh`.
 fn dot_q5_k(row: &[u8], a: &Acts, t: usize) -> f32 {
+    let head = |b: &BlockQ5K| (b.d, b.dmin, b.scales);
+    dot_k_scale_min(row, a, t, head, |b, j, l| {
+        k_nibble(&b.qs, j, l) | ((b.qh[l] >> j) & 1) << 4
+    })
+}
+
+/// Nibble `l` of sub-block `j` in Q4_K / Q5_K quants `qs`: each 64 values are 32 bytes, the
+/// first 32 values in their low nibbles.
+#[inline(always)]
+fn k_nibble(qs: &[u8], j: usize, l: usize) -> u8 {
+    (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF
+}
+
+/// The dot of the Q4_K / Q5_K blocks `B` of `row` with token `t`: per block, `d·dA·Σ sc_j (q·a)_j
+/// − dmin·dA·Σ m_j bsum_j` over its eight sub-blocks of 32, where `head(b)` gives the block's f16
+/// `d`, `dmin` and packed 6-bit scales and mins, and `quant(b, j, l)` quant `l` of sub-block `j`.
+fn dot_k_scale_min<B: bytemuck::Pod>(
+    row: &[u8],
+    a: &Acts,
+    t: usize,
+    head: impl Fn(&B) -> (f16, f16, [u8; 12]),
+    quant: impl Fn(&B, usize, usize) -> u8,
+) -> f32 {
     let (q8, d8, bs) = (a.q(t), a.d(t), a.bsums(t));
     let mut sumf = 0f32;
     for ib in 0..d8.len() {
-        let b: BlockQ5K = block(row, ib);
+        let b: B = block(row, ib);
+        let (d, dmin, scales) = head(&b);
         let y = &q8[ib * QK_K..(ib + 1) * QK_K];
         let bs = &bs[ib * 16..(ib + 1) * 16];
         let mut sumi = 0i32;
         let mut summ = 0i32;
         for j in 0..QK_K / 32 {
-            let (sc, m) = get_scale_min_k4(j, &b.scales);
-            let qs = &b.qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let (sc, m) = get_scale_min_k4(j, &scales);
             let y = &y[32 * j..32 * j + 32];
             let mut s = 0i32;
-            for l in 0..32 {
-                let lo = if j % 2 == 0 { qs[l] & 0xF } else { qs[l] >> 4 };
-                let hi = (b.qh[l] >> j) & 1;
-                s += (lo | (hi << 4)) as i32 * y[l] as i32;
+            for (l, &y) in y.iter().enumerate() {
+                s += quant(&b, j, l) as i32 * y as i32;
             }
             sumi += sc as i32 * s;
             summ += m as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32);
         }
-        sumf +=
-            fp16_to_fp32(b.d) * d8[ib] * sumi as f32 - fp16_to_fp32(b.dmin) * d8[ib] * summ as f32;
+        sumf += fp16_to_fp32(d) * d8[ib] * sumi as f32 - fp16_to_fp32(dmin) * d8[ib] * summ as f32;
     }
     sumf
 }

@@ -1765,68 +1765,42 @@ mod x86 {
         }
     }
 
+    /// `Some($kernel::<F>)` for the float or 32-element block format `F` of `$ty`, else `None`.
+    macro_rules! by_format {
+        ($ty:expr, $kernel:ident) => {{
+            use GgmlType as T;
+            Some(match $ty {
+                T::F32 => $kernel::<F32>,
+                T::F16 => $kernel::<F16>,
+                T::BF16 => $kernel::<Bf16>,
+                T::Q4_0 => $kernel::<Q4_0>,
+                T::Q4_1 => $kernel::<Q4_1>,
+                T::Q5_0 => $kernel::<Q5_0>,
+                T::Q5_1 => $kernel::<Q5_1>,
+                T::Q8_0 => $kernel::<Q8_0>,
+                _ => return None,
+            })
+        }};
+    }
+
     /// The single-token AVX2 kernel for `ty`, if there is one.
     pub(super) fn avx2_kernel1(ty: GgmlType) -> Option<Axpy1Kernel> {
-        use GgmlType as T;
-        Some(match ty {
-            T::F32 => axpy1_avx2::<F32>,
-            T::F16 => axpy1_avx2::<F16>,
-            T::BF16 => axpy1_avx2::<Bf16>,
-            T::Q4_0 => axpy1_avx2::<Q4_0>,
-            T::Q4_1 => axpy1_avx2::<Q4_1>,
-            T::Q5_0 => axpy1_avx2::<Q5_0>,
-            T::Q5_1 => axpy1_avx2::<Q5_1>,
-            T::Q8_0 => axpy1_avx2::<Q8_0>,
-            _ => return None,
-        })
+        by_format!(ty, axpy1_avx2)
     }
 
     /// The single-token AVX-512 kernel for `ty`, if there is one.
     pub(super) fn avx512_kernel1(ty: GgmlType) -> Option<Axpy1Kernel> {
-        use GgmlType as T;
-        Some(match ty {
-            T::F32 => axpy1_avx512::<F32>,
-            T::F16 => axpy1_avx512::<F16>,
-            T::BF16 => axpy1_avx512::<Bf16>,
-            T::Q4_0 => axpy1_avx512::<Q4_0>,
-            T::Q4_1 => axpy1_avx512::<Q4_1>,
-            T::Q5_0 => axpy1_avx512::<Q5_0>,
-            T::Q5_1 => axpy1_avx512::<Q5_1>,
-            T::Q8_0 => axpy1_avx512::<Q8_0>,
-            _ => return None,
-        })
+        by_format!(ty, axpy1_avx512)
     }
 
     /// The AVX2 kernel for `ty`, if there is one (needs AVX2, FMA, F16C).
     pub(super) fn avx2_kernel(ty: GgmlType) -> Option<AxpyKernel> {
-        use GgmlType as T;
-        Some(match ty {
-            T::F32 => axpy_avx2::<F32>,
-            T::F16 => axpy_avx2::<F16>,
-            T::BF16 => axpy_avx2::<Bf16>,
-            T::Q4_0 => axpy_avx2::<Q4_0>,
-            T::Q4_1 => axpy_avx2::<Q4_1>,
-            T::Q5_0 => axpy_avx2::<Q5_0>,
-            T::Q5_1 => axpy_avx2::<Q5_1>,
-            T::Q8_0 => axpy_avx2::<Q8_0>,
-            _ => return None,
-        })
+        by_format!(ty, axpy_avx2)
     }
 
     /// The AVX-512 kernel for `ty`, if there is one (needs AVX-512 F/BW/VL, FMA, F16C).
     pub(super) fn avx512_kernel(ty: GgmlType) -> Option<AxpyKernel> {
-        use GgmlType as T;
-        Some(match ty {
-            T::F32 => axpy_avx512::<F32>,
-            T::F16 => axpy_avx512::<F16>,
-            T::BF16 => axpy_avx512::<Bf16>,
-            T::Q4_0 => axpy_avx512::<Q4_0>,
-            T::Q4_1 => axpy_avx512::<Q4_1>,
-            T::Q5_0 => axpy_avx512::<Q5_0>,
-            T::Q5_1 => axpy_avx512::<Q5_1>,
-            T::Q8_0 => axpy_avx512::<Q8_0>,
-            _ => return None,
-        })
+        by_format!(ty, axpy_avx512)
     }
 }
 
