@@ -20,9 +20,9 @@ use super::{Kernel, RowsKernel, NT};
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     use GgmlType::*;
     Some(match ty {
-        F32 => tiled_kernel!(dot_f32),
-        F16 => tiled_kernel!(dot_f16),
-        BF16 => tiled_kernel!(dot_bf16),
+        F32 => tiled_kernel!(dot_f32, token_pairs),
+        F16 => tiled_kernel!(dot_f16, token_pairs),
+        BF16 => tiled_kernel!(dot_bf16, token_pairs),
         Q4_0 => tiled_kernel!(dot_q4_0),
         Q4_1 => tiled_kernel!(dot_q4_1),
         Q5_0 => tiled_kernel!(dot_q5_0),

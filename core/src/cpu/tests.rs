@@ -291,6 +291,43 @@ fn results_do_not_depend_on_thread_count() {
     }
 }
 
+/// Continuous batching relies on it: a token's product has the same bits whether it runs alone
+/// or in a batch of any size (the tiles, 1–4 rows × 1–4 tokens, give every (row, token) its own
+/// accumulators), at every SIMD level, for every type.
+#[test]
+fn a_tokens_bits_do_not_depend_on_the_batch() {
+    let mut rng = Rng(11);
+    for level in levels() {
+        for &ty in TYPES {
+            let (rows, cols) = (7, 2 * ty.block_size());
+            let data = random_matrix(&mut rng, ty, rows, cols);
+            let w = Matrix::new(ty, rows, cols, &data).unwrap();
+            let x: Vec<f32> = (0..9 * cols).map(|_| rng.f()).collect();
+            let alone: Vec<Vec<f32>> = x
+                .chunks(cols)
+                .map(|xt| {
+                    let mut y = vec![0f32; rows];
+                    matmul_with_simd(level, &w, xt, 1, &mut y).unwrap();
+                    y
+                })
+                .collect();
+            for n in 2..=9 {
+                let mut y = vec![0f32; n * rows];
+                matmul_with_simd(level, &w, &x[..n * cols], n, &mut y).unwrap();
+                for (t, yt) in y.chunks(rows).enumerate() {
+                    let (a, b) = (bits(yt), bits(&alone[t]));
+                    assert_eq!(a, b, "{level} {ty}: token {t} of {n}");
+                }
+            }
+        }
+    }
+}
+
+/// The bit patterns of `v`.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
 #[test]
 fn nested_calls_inside_parallel_loops_work() {
     use rayon::prelude::*;
