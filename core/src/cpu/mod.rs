@@ -39,12 +39,12 @@
 )]
 macro_rules! tiled_kernel {
     ($f:ident) => {
-        tiled_kernel!($f, 1)
+        tiled_kernel!(@tiles $f, false)
     };
     ($f:ident, token_pairs) => {
-        tiled_kernel!($f, 2)
+        tiled_kernel!(@tiles $f, true)
     };
-    ($f:ident, $rows_from_3_tokens:literal) => {
+    (@tiles $f:ident, $token_pairs:literal) => {
         |w: &[u8], rb: usize, nr: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]| {
             assert!(
                 w.len() >= nr * rb
@@ -55,7 +55,8 @@ macro_rules! tiled_kernel {
             let rmax: usize = match nt {
                 1 => 4,
                 2 => 2,
-                _ => $rows_from_3_tokens,
+                _ if $token_pairs => 2,
+                _ => 1,
             };
             let mut i = 0;
             while i < nr {

@@ -644,7 +644,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{in_pool, Rng};
+    use super::super::tests::{bits, in_pool, Rng};
     use super::*;
     use crate::quant::{dequantize, quantize};
 
@@ -671,10 +671,6 @@ mod tests {
         let mut out = out0.to_vec();
         sparse_axpy_int8_at(path, &SplitQ4_0::new(w).unwrap(), a, &mut out).unwrap();
         out
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|v| v.to_bits()).collect()
     }
 
     /// The exact product in f64, and per output the bound of the coefficient rounding: each term

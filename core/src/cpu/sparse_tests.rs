@@ -2,7 +2,7 @@
 //! axpy against an f64 reference on dequantised weights (all neurons active and 10%), bit-exact
 //! across thread counts and SIMD paths, skipped zeros, and argument errors.
 
-use super::super::tests::{in_pool, Rng};
+use super::super::tests::{bits, in_pool, Rng};
 use super::super::{matmul, matmul_at, Level, Matrix};
 use super::*;
 use crate::quant::{dequantize, quantize, GgmlType};
@@ -45,10 +45,6 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut data = vec![0u8; ty.row_bytes(cols as u64).unwrap() as usize * rows];
     quantize(ty, &f, &mut data).unwrap();
     data
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|v| v.to_bits()).collect()
 }
 
 /// Index lists: sorted with runs, unsorted, repeated, all rows, one row.

@@ -323,8 +323,8 @@ fn a_tokens_bits_do_not_depend_on_the_batch() {
     }
 }
 
-/// The bit patterns of `v`.
-fn bits(v: &[f32]) -> Vec<u32> {
+/// The bit patterns of `v` (shared with the sparse operators' tests).
+pub(super) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
