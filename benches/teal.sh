@@ -3,7 +3,8 @@
 # Coder 0.5B (llama-like SwiGLU): perplexity on a held-out public-domain text and decode speed,
 # dense vs CATS vs TEAL at 25/40/50% target (TEAL with each allocation of a block's target: "teal"
 # the greedy steps scored by the histogram estimate, "teal-measured" TEAL's greedy steps scored by
-# running the block, "teal-uniform"), side by side, with the achieved sparsity per layer and the
+# running the block, "teal-uniform"; "wina-greedy" and "wina-measured" the same allocations with
+# WINA's criterion, `--teal-criterion wina`), side by side, with the achieved sparsity per layer and the
 # time of the layers alone (decode minus the LM head). Then, on four synthetic dense SwiGLU layers
 # of Llama-2-7B's shape (`synth --activation silu`, F16 and Q4_0), per-layer decode time dense vs
 # TEAL 50% and the bytes of weights read per token.
@@ -55,6 +56,13 @@ bench_model() {
                 --sparsity-mode teal --teal-allocation "$A" -o "$out" -t "$THREADS" \
                 >"$WORK/cal-$tag-teal-$A-$S.log" 2>&1
         done
+        # WINA's criterion (|x_i| times its weight column's norm) with both greedy allocations
+        for A in greedy measured; do
+            out="$WORK/$tag-wina-$A-$S.gguf"
+            [ -f "$out" ] || $H calibrate -m "$model" -f "$CAL" --target-sparsity "$S" \
+                --sparsity-mode teal --teal-allocation "$A" --teal-criterion wina -o "$out" \
+                -t "$THREADS" >"$WORK/cal-$tag-wina-$A-$S.log" 2>&1
+        done
     done
     local configs=("dense|$model|--ffn dense")
     for S in 0.25 0.40 0.50; do
@@ -62,6 +70,9 @@ bench_model() {
         configs+=("teal-$S|$WORK/$tag-teal-$S.gguf|--ffn sparse --sparsity-mode teal")
         for A in measured uniform; do
             configs+=("teal-$A-$S|$WORK/$tag-teal-$A-$S.gguf|--ffn sparse --sparsity-mode teal")
+        done
+        for A in greedy measured; do
+            configs+=("wina-$A-$S|$WORK/$tag-wina-$A-$S.gguf|--ffn sparse --sparsity-mode teal")
         done
     done
     declare -A PPL SPARS TG LAYERS

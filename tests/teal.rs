@@ -2,8 +2,9 @@
 //! (gated FFN, down stored neuron-major): at a threshold of 0 it keeps every input channel and
 //! equals the dense path (greedy tokens, and logits within float-reordering tolerance); at a
 //! non-zero threshold each of a Gemma layer's seven products equals an independent reference (the
-//! input masked explicitly, then a plain f64 matrix-vector product over the dequantised file
-//! weights); malformed thresholds are refused with a clear error.
+//! input masked explicitly, by TEAL's magnitude or WINA's weighted score, then a plain f64
+//! matrix-vector product over the dequantised file weights); malformed thresholds and criteria are
+//! refused with a clear error.
 
 mod common;
 
@@ -13,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use common::{greedy_with_logits, greedy_with_setup, model_path};
 use hotcold::cpu;
 use hotcold::engine::{
-    block_errors, measured_allocation, Allocation, CpuFfn, DenseLinear, FfnMode, FfnOffload,
-    FfnTensor, Linear, Proj, Teal, TealOptions, TealRecorder, TEAL_THRESHOLDS_KEY,
+    block_errors, measured_allocation, Allocation, ChannelRule, CpuFfn, DenseLinear, FfnMode,
+    FfnOffload, FfnTensor, Linear, Proj, Teal, TealCriterion, TealOptions, TealRecorder,
+    TEAL_CRITERION_KEY, TEAL_THRESHOLDS_KEY,
 };
 use hotcold::gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
 use hotcold::model::Model;
@@ -37,15 +39,20 @@ fn gemma_with(extra: impl FnOnce(&mut GgufWriter)) -> hotcold::Result<Model> {
     ))
 }
 
+/// TEAL with every threshold 0 over exact (F32) input-major copies.
+fn teal_at_zero(model: &Model, sparse_prefill: bool) -> Arc<Teal> {
+    let opts = TealOptions {
+        repack: Some(GgmlType::F32),
+        sparse_prefill,
+    };
+    let thresholds = vec![[0.0; 7]; model.hp.n_layer];
+    Arc::new(Teal::with_thresholds(model, thresholds, ChannelRule::magnitude(), opts).unwrap())
+}
+
 #[test]
 fn teal_at_threshold_zero_equals_the_dense_path() {
     let model = gemma_with(|_| {}).unwrap();
-    let opts = TealOptions {
-        repack: Some(GgmlType::F32),
-        sparse_prefill: true,
-    };
-    let teal =
-        Arc::new(Teal::with_thresholds(&model, vec![[0.0; 7]; model.hp.n_layer], opts).unwrap());
+    let teal = teal_at_zero(&model, true);
     let prompt = [2u32, 818, 5279, 529, 7001, 563];
     let (tokens, logits) = greedy_with_setup(
         &model,
@@ -88,13 +95,7 @@ fn teal_at_threshold_zero_equals_the_dense_path_on_llama() {
     let prompt = [1u32, 17, 230, 5, 99];
     let (dense_tokens, dense_logits) = greedy_with_logits(&model, FfnMode::Dense, &prompt, 8, 2);
     for sparse_prefill in [false, true] {
-        let opts = TealOptions {
-            repack: Some(GgmlType::F32),
-            sparse_prefill,
-        };
-        let teal = Arc::new(
-            Teal::with_thresholds(&model, vec![[0.0; 7]; model.hp.n_layer], opts).unwrap(),
-        );
+        let teal = teal_at_zero(&model, sparse_prefill);
         let (tokens, logits) = greedy_with_setup(
             &model,
             |s| {
@@ -125,15 +126,25 @@ fn teal_at_threshold_zero_equals_the_dense_path_on_llama() {
 fn malformed_thresholds_are_refused() {
     let model = gemma_with(|_| {}).unwrap();
     let n_layer = model.hp.n_layer;
-    let e = Teal::with_thresholds(&model, vec![[0.0; 7]; n_layer - 1], TealOptions::default())
-        .err()
-        .unwrap();
+    let e = Teal::with_thresholds(
+        &model,
+        vec![[0.0; 7]; n_layer - 1],
+        ChannelRule::magnitude(),
+        TealOptions::default(),
+    )
+    .err()
+    .unwrap();
     assert!(e.to_string().contains("layers"), "{e}");
     let mut nan = vec![[0.0; 7]; n_layer];
     nan[3][2] = f32::NAN;
-    let e = Teal::with_thresholds(&model, nan, TealOptions::default())
-        .err()
-        .unwrap();
+    let e = Teal::with_thresholds(
+        &model,
+        nan,
+        ChannelRule::magnitude(),
+        TealOptions::default(),
+    )
+    .err()
+    .unwrap();
     assert!(e.to_string().contains("non-negative"), "{e}");
     // a file without thresholds, and a file whose array has the wrong length
     let e = Teal::new(&model, TealOptions::default()).err().unwrap();
@@ -156,6 +167,10 @@ fn malformed_thresholds_are_refused() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("non-negative"), "{e}");
+    let e = gemma_with(|w| w.set(TEAL_CRITERION_KEY, MetaValue::String("loudest".into())))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains(TEAL_CRITERION_KEY), "{e}");
 }
 
 /// Keeps the inputs of layer `il`'s seven products at the latest one-token step, computing every
@@ -224,30 +239,68 @@ impl FfnOffload for Capture {
     }
 }
 
-/// `W · (x with |x_i| < t zeroed)` in f64 over the file's dequantised row-major weight.
-fn masked_reference(model: &Model, il: usize, which: Proj, x: &[f32], t: f32) -> Vec<f64> {
+/// The file's dequantised row-major weight of layer `il`'s `which`, row after row.
+fn weight_rows(model: &Model, il: usize, which: Proj) -> Vec<Vec<f32>> {
     let w = which.weight(&model.layers[il]).unwrap();
-    let masked: Vec<f64> = x
-        .iter()
-        .map(|&v| if v.abs() < t { 0.0 } else { f64::from(v) })
-        .collect();
-    let mut row = vec![0f32; w.cols];
     (0..w.rows)
         .map(|r| {
+            let mut row = vec![0f32; w.cols];
             cpu::dequantize_row(&model.matrix(w), r, &mut row).unwrap();
+            row
+        })
+        .collect()
+}
+
+/// What a threshold compares for each channel of `x`: `|x_i|`, or under WINA `|x_i| ·
+/// ‖W[:, i]‖₂` (in f64 from the dequantised weight).
+fn scores(model: &Model, il: usize, which: Proj, x: &[f32], criterion: TealCriterion) -> Vec<f64> {
+    let mut s: Vec<f64> = x.iter().map(|v| f64::from(v.abs())).collect();
+    if criterion == TealCriterion::Wina {
+        let mut norms = vec![0f64; x.len()];
+        for row in weight_rows(model, il, which) {
+            norms
+                .iter_mut()
+                .zip(&row)
+                .for_each(|(n, &w)| *n += f64::from(w) * f64::from(w));
+        }
+        s.iter_mut().zip(&norms).for_each(|(v, n)| *v *= n.sqrt());
+    }
+    s
+}
+
+/// A threshold that skips about half of the channels of `scores`, halfway between two
+/// neighbouring scores (so that no channel sits on it).
+fn median_threshold(scores: &[f64]) -> f32 {
+    let mut m = scores.to_vec();
+    m.sort_by(f64::total_cmp);
+    let k = m.len() / 2;
+    ((m[k - 1] + m[k]) / 2.0) as f32
+}
+
+/// `W · (x with the channels whose score is below t zeroed)` in f64 over the file's dequantised
+/// row-major weight.
+fn masked_reference(
+    model: &Model,
+    il: usize,
+    which: Proj,
+    x: &[f32],
+    scores: &[f64],
+    t: f32,
+) -> Vec<f64> {
+    let masked: Vec<f64> = x
+        .iter()
+        .zip(scores)
+        .map(|(&v, &s)| if s < f64::from(t) { 0.0 } else { f64::from(v) })
+        .collect();
+    weight_rows(model, il, which)
+        .iter()
+        .map(|row| {
             row.iter()
                 .zip(&masked)
                 .map(|(&a, b)| f64::from(a) * b)
                 .sum()
         })
         .collect()
-}
-
-/// The median of `|x|`: a threshold that skips about half of the channels.
-fn median_magnitude(x: &[f32]) -> f32 {
-    let mut m: Vec<f32> = x.iter().map(|v| v.abs()).collect();
-    m.sort_by(f32::total_cmp);
-    m[m.len() / 2]
 }
 
 /// Largest |F32-copy TEAL − reference| relative to the reference's largest magnitude: both sum
@@ -281,26 +334,42 @@ fn teal_at_a_nonzero_threshold_equals_the_masked_dense_product() {
         2,
     );
     let inputs = capture.inputs.lock().unwrap().clone();
-    let mut thresholds = vec![[0f32; 7]; model.hp.n_layer];
-    for p in Proj::ALL {
-        thresholds[il][p.index()] = median_magnitude(&inputs[&p]);
-    }
-    for (repack, tol) in [
-        (GgmlType::F32, MASKED_TOLERANCE),
-        (GgmlType::Q8_0, MASKED_Q8_TOLERANCE),
-        (GgmlType::Q4_0, MASKED_Q4_TOLERANCE),
-    ] {
+    // TEAL's magnitudes on every copy type; WINA's weighted scores on exact copies
+    let cases = [
+        (TealCriterion::Magnitude, GgmlType::F32, MASKED_TOLERANCE),
+        (
+            TealCriterion::Magnitude,
+            GgmlType::Q8_0,
+            MASKED_Q8_TOLERANCE,
+        ),
+        (
+            TealCriterion::Magnitude,
+            GgmlType::Q4_0,
+            MASKED_Q4_TOLERANCE,
+        ),
+        (TealCriterion::Wina, GgmlType::F32, MASKED_TOLERANCE),
+    ];
+    for (criterion, repack, tol) in cases {
+        let scores: HashMap<Proj, Vec<f64>> = Proj::ALL
+            .iter()
+            .map(|&p| (p, scores(&model, il, p, &inputs[&p], criterion)))
+            .collect();
+        let mut thresholds = vec![[0f32; 7]; model.hp.n_layer];
+        for p in Proj::ALL {
+            thresholds[il][p.index()] = median_threshold(&scores[&p]);
+        }
         let opts = TealOptions {
             repack: Some(repack),
             sparse_prefill: false,
         };
-        let teal = Teal::with_thresholds(&model, thresholds.clone(), opts).unwrap();
+        let rule = ChannelRule::new(&model, criterion).unwrap();
+        let teal = Teal::with_thresholds(&model, thresholds.clone(), rule, opts).unwrap();
         for p in Proj::ALL {
             let x = &inputs[&p];
             let t = thresholds[il][p.index()];
             assert!(t > 0.0, "{p:?}: threshold {t}");
             let got = teal.project(&model, il, p, x, 1).unwrap();
-            let want = masked_reference(&model, il, p, x, t);
+            let want = masked_reference(&model, il, p, x, &scores[&p], t);
             let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
             let (worst, err2, ref2) =
                 got.iter()
@@ -310,7 +379,9 @@ fn teal_at_a_nonzero_threshold_equals_the_masked_dense_product() {
                         (w.max(d.abs()), e + d * d, r + v * v)
                     });
             let (rel_max, rel_l2) = (worst / scale, (err2 / ref2).sqrt());
-            eprintln!("{repack:?} {p:?}: t {t:.4}, max err {rel_max:.2e}, l2 err {rel_l2:.2e}");
+            eprintln!(
+                "{criterion:?} {repack:?} {p:?}: t {t:.4}, max err {rel_max:.2e}, l2 err {rel_l2:.2e}"
+            );
             match repack {
                 GgmlType::F32 => assert!(rel_max <= tol, "{p:?}: {rel_max}"),
                 _ => assert!(rel_l2 <= tol, "{p:?}: {rel_l2}"),
@@ -319,7 +390,6 @@ fn teal_at_a_nonzero_threshold_equals_the_masked_dense_product() {
             let s = teal.stats().sparsity(il, p);
             assert!((0.4..=0.6).contains(&s), "{p:?}: sparsity {s}");
         }
-        teal.reset_stats();
     }
 }
 
@@ -334,7 +404,7 @@ fn measured_greedy_meets_the_target_and_beats_uniform_on_block_error() {
     let tokenizer = hotcold::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     let text = std::fs::read_to_string(common::data_path("text/declaration.txt")).unwrap();
     let tokens = tokenizer.encode(&text, true, false).unwrap();
-    let recorder = Arc::new(TealRecorder::new(&model).unwrap());
+    let recorder = Arc::new(TealRecorder::new(&model, TealCriterion::Magnitude).unwrap());
     greedy_with_setup(
         &model,
         |s| {
@@ -375,7 +445,12 @@ fn measured_greedy_meets_the_target_and_beats_uniform_on_block_error() {
     assert_eq!(measured().0.thresholds, cal.thresholds, "not deterministic");
     let uniform = recorder.thresholds(target, Allocation::Uniform).unwrap();
     let estimate = recorder.thresholds(target, Allocation::Greedy).unwrap();
-    let sum = |t: &[[f32; 7]]| -> f64 { block_errors(&model, &samples, t).unwrap().iter().sum() };
+    let sum = |t: &[[f32; 7]]| -> f64 {
+        block_errors(&model, &samples, t, recorder.rule())
+            .unwrap()
+            .iter()
+            .sum()
+    };
     let (m, u, e) = (
         sum(&cal.thresholds),
         sum(&uniform.thresholds),
@@ -384,10 +459,15 @@ fn measured_greedy_meets_the_target_and_beats_uniform_on_block_error() {
     eprintln!("summed relative block error: measured {m:.4}, uniform {u:.4}, estimate {e:.4}");
     assert!(m < u, "measured {m} vs uniform {u}");
     assert!(
-        block_errors(&model, &samples, &vec![[0.0; 7]; model.hp.n_layer])
-            .unwrap()
-            .iter()
-            .all(|&e| e == 0.0),
+        block_errors(
+            &model,
+            &samples,
+            &vec![[0.0; 7]; model.hp.n_layer],
+            recorder.rule()
+        )
+        .unwrap()
+        .iter()
+        .all(|&e| e == 0.0),
         "zero thresholds must give the dense block"
     );
 }

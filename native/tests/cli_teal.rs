@@ -1,6 +1,7 @@
 //! Training-free sparsity (TEAL) on the default dense model: `calibrate --target-sparsity
 //! --sparsity-mode teal` picks per-layer, per-matrix thresholds, and on held-out text
-//! `--ffn sparse` skips close to the target share of the block weights; bad flags and files
+//! `--ffn sparse` skips close to the target share of the block weights (by TEAL's magnitudes or
+//! WINA's weighted scores); bad flags and files
 //! without thresholds are refused with clear messages.
 
 mod common;
@@ -19,6 +20,21 @@ fn model_sparsity(stderr: &str) -> f64 {
     line.split("model sparsity ").nth(1).unwrap()[..5]
         .parse()
         .unwrap()
+}
+
+/// WINA's criterion (`--teal-criterion wina`): its thresholds are on `|x_i| · ‖W[:, i]‖₂`, far
+/// from the magnitudes, so held-out sparsity near the target shows the file's criterion was read
+/// and applied.
+#[test]
+fn wina_thresholds_meet_the_target_on_held_out_text() {
+    let target = 0.4;
+    let flags = ["--sparsity-mode", "teal", "--teal-criterion", "wina"];
+    let files = HeldOut::calibrate("teal-wina", target, &flags);
+    let sparsity = model_sparsity(&files.perplexity(&["--ffn", "sparse"]));
+    assert!(
+        (sparsity - target).abs() <= SPARSITY_TOLERANCE,
+        "held-out sparsity {sparsity} for target {target}"
+    );
 }
 
 #[test]

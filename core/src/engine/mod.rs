@@ -34,9 +34,10 @@ pub use positions::OPT_POSITION_OFFSET;
 pub(crate) use session::{check_tokens, embed_tokens};
 pub use session::{default_ffn_mode, Logits, Session};
 pub use teal::{
-    block_errors, measured_allocation, repack_type, Allocation, LayerAllocation,
-    MagnitudeHistogram, Teal, TealCalibration, TealOptions, TealRecorder, TealStats,
-    TEAL_NEEDS_THRESHOLDS, TEAL_SPARSITY_KEY, TEAL_TARGET_KEY, TEAL_THRESHOLDS_KEY,
+    block_errors, measured_allocation, repack_type, Allocation, ChannelRule, LayerAllocation,
+    MagnitudeHistogram, Teal, TealCalibration, TealCriterion, TealOptions, TealRecorder, TealStats,
+    TEAL_CRITERION_KEY, TEAL_NEEDS_THRESHOLDS, TEAL_SPARSITY_KEY, TEAL_TARGET_KEY,
+    TEAL_THRESHOLDS_KEY,
 };
 
 use std::sync::Arc;

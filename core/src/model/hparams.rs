@@ -189,6 +189,45 @@ pub struct HyperParams {
     /// Training-free (TEAL) input thresholds per layer, in `engine::Proj::ALL` order (q, k, v, o,
     /// gate, up, down), from `hotcold.teal.thresholds` (`n_layer × 7` floats, layer-major).
     pub teal_thresholds: Option<Vec<[f32; 7]>>,
+    /// What the TEAL thresholds compare, from `hotcold.teal.criterion` (default: magnitude).
+    pub teal_criterion: TealCriterion,
+}
+
+/// What a TEAL threshold `t` compares for input channel `i` of a matrix `W`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TealCriterion {
+    /// TEAL's `|x_i|`.
+    #[default]
+    Magnitude,
+    /// WINA's (Chen et al. 2025, "Weight Informed Neuron Activation") `|x_i| · ‖W[:, i]‖₂`: the
+    /// norm of the output the channel adds.
+    Wina,
+}
+
+impl TealCriterion {
+    /// The name written under [`TEAL_CRITERION_KEY`].
+    pub fn name(self) -> &'static str {
+        match self {
+            TealCriterion::Magnitude => "magnitude",
+            TealCriterion::Wina => "wina",
+        }
+    }
+}
+
+/// Metadata key of the [`TealCriterion`] the TEAL thresholds were calibrated for (a string;
+/// absent means magnitude).
+pub const TEAL_CRITERION_KEY: &str = "hotcold.teal.criterion";
+
+/// The file's [`TEAL_CRITERION_KEY`].
+fn teal_criterion(file: &GgufFile) -> Result<TealCriterion> {
+    match file.get_str(TEAL_CRITERION_KEY)? {
+        None | Some("magnitude") => Ok(TealCriterion::Magnitude),
+        Some("wina") => Ok(TealCriterion::Wina),
+        Some(other) => Err(Error::Metadata {
+            key: TEAL_CRITERION_KEY.into(),
+            message: format!("unknown criterion {other:?} (expected magnitude or wina)"),
+        }),
+    }
 }
 
 /// Metadata key of the per-layer CATS thresholds written by `calibrate --target-sparsity`.
@@ -391,6 +430,7 @@ impl HyperParams {
                 })
                 .transpose()?,
             teal_thresholds: teal_thresholds(file, n_layer)?,
+            teal_criterion: teal_criterion(file)?,
         })
     }
 

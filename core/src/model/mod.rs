@@ -7,8 +7,8 @@ mod hparams;
 mod weights;
 
 pub use hparams::{
-    Arch, FfnActivation, HyperParams, NormKind, CATS_THRESHOLDS_KEY, PREDICTOR_THRESHOLDS_KEY,
-    TEAL_THRESHOLDS_KEY,
+    Arch, FfnActivation, HyperParams, NormKind, TealCriterion, CATS_THRESHOLDS_KEY,
+    PREDICTOR_THRESHOLDS_KEY, TEAL_CRITERION_KEY, TEAL_THRESHOLDS_KEY,
 };
 pub(crate) use weights::transposed_as;
 pub use weights::{HotRows, LayerWeights, Model, Norm, Predictor, Weight};

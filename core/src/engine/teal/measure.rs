@@ -16,6 +16,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::criterion::ChannelRule;
 use super::histogram::MagnitudeHistogram;
 use super::record::{TealCalibration, TealRecorder};
 use crate::engine::kv_cache::KvCache;
@@ -34,18 +35,19 @@ const MAX_STEP: f64 = 0.1;
 /// Highest sparsity given to one matrix.
 const MAX_SPARSITY: f64 = 0.99;
 
-/// Every projection with its input thresholded (`|x_i| < t` zeroed) and then the dense product:
-/// the block under trial thresholds, on the dense kernels.
+/// Every projection with its input thresholded (the channels `rule` scores below `t` zeroed) and
+/// then the dense product: the block under trial thresholds, on the dense kernels.
 struct Masked {
     thresholds: Mutex<[f32; 7]>,
+    rule: ChannelRule,
 }
 
 impl Masked {
-    fn masked(&self, which: Proj, x: &[f32]) -> Vec<f32> {
+    fn masked(&self, il: usize, which: Proj, x: &[f32]) -> Vec<f32> {
         let t = self.thresholds.lock().expect("threshold lock")[which.index()];
-        x.iter()
-            .map(|&v| if v.abs() < t { 0.0 } else { v })
-            .collect()
+        let mut xs = x.to_vec();
+        self.rule.mask(il, which, t, &mut xs);
+        xs
     }
 }
 
@@ -58,7 +60,7 @@ impl Linear for Masked {
         x: &[f32],
         n: usize,
     ) -> Result<Vec<f32>> {
-        dense_project(model, il, which, &self.masked(which, x), n)
+        dense_project(model, il, which, &self.masked(il, which, x), n)
     }
 }
 
@@ -71,12 +73,12 @@ impl FfnOffload for Masked {
         x: &[f32],
         n: usize,
     ) -> Result<Vec<f32>> {
-        let xs = self.masked(Proj::from(which), x);
+        let xs = self.masked(il, Proj::from(which), x);
         CpuFfn.matmul(model, il, which, &xs, n)
     }
 
     fn down_axpy(&self, model: &Model, il: usize, a: &[f32], n: usize) -> Result<Vec<f32>> {
-        CpuFfn.down_axpy(model, il, &self.masked(Proj::Down, a), n)
+        CpuFfn.down_axpy(model, il, &self.masked(il, Proj::Down, a), n)
     }
 }
 
@@ -103,9 +105,10 @@ struct Probe<'m> {
 }
 
 impl<'m> Probe<'m> {
-    fn new(model: &'m Model, samples: &[&[u32]]) -> Probe<'m> {
+    fn new(model: &'m Model, samples: &[&[u32]], rule: &ChannelRule) -> Probe<'m> {
         let masked = Arc::new(Masked {
             thresholds: Mutex::new([0.0; 7]),
+            rule: rule.clone(),
         });
         let mut fwd = Forward::new(model);
         fwd.set_operators(masked.clone(), masked.clone());
@@ -191,7 +194,7 @@ pub fn measured_allocation(
         )));
     }
     check_samples(samples)?;
-    let mut probe = Probe::new(model, samples);
+    let mut probe = Probe::new(model, samples, recorder.rule());
     let mut x = probe.embed(samples)?;
     let mut thresholds = Vec::with_capacity(model.hp.n_layer);
     let mut sparsity = Vec::with_capacity(model.hp.n_layer);
@@ -213,11 +216,13 @@ pub fn measured_allocation(
 
 /// Each block's relative output error (`‖y − y*‖² / ‖y* − x‖²` over the scored rows) on
 /// `samples` under `thresholds` (one row of seven per layer), every block run on the dense
-/// output of the blocks before it: how an allocation from any method does on TEAL's measure.
+/// output of the blocks before it, the thresholds applied as `rule` says: how an allocation from
+/// any method does on TEAL's measure.
 pub fn block_errors(
     model: &Model,
     samples: &[&[u32]],
     thresholds: &[[f32; 7]],
+    rule: &ChannelRule,
 ) -> Result<Vec<f64>> {
     check_samples(samples)?;
     if thresholds.len() != model.hp.n_layer {
@@ -227,7 +232,7 @@ pub fn block_errors(
             model.hp.n_layer
         )));
     }
-    let mut probe = Probe::new(model, samples);
+    let mut probe = Probe::new(model, samples, rule);
     let mut x = probe.embed(samples)?;
     let mut errors = Vec::with_capacity(thresholds.len());
     for (il, t) in thresholds.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! TEAL (Liu et al. 2024, "Training-Free Activation Sparsity in Large Language Models"): the input
 //! of every matrix of a block is thresholded by magnitude, `x_i := 0` when `|x_i| < t`, with one
-//! calibrated threshold per layer and matrix; a zero input channel `i` skips column `i` of the
-//! weight. To make that skip a skip of memory, [`Teal::new`] repacks the weights of `Q`, `K`, `V`,
+//! calibrated threshold per layer and matrix (or by WINA's weight-informed score, see
+//! [`ChannelRule`]); a zero input channel `i` skips column `i` of the weight. To make that skip a skip of memory, [`Teal::new`] repacks the weights of `Q`, `K`, `V`,
 //! `O`, gate, up and down input-major at load (one contiguous row of `n_out` values per input
 //! channel, quantised along the output dimension, see [`repack_type`]) and each product becomes
 //! the column-sparse `y = Σ_{i kept} x_i · W[:, i]`, i.e. [`cpu::sparse_axpy`] over the repacked
@@ -19,12 +19,16 @@
 //! - [`TEAL_THRESHOLDS_KEY`] `hotcold.teal.thresholds`: `n_layer × 7` f32, layer-major, in
 //!   [`Proj::ALL`] order (q, k, v, o, gate, up, down): channel `i` of the matrix's input is
 //!   skipped when `|x_i| <` the threshold.
+//! - [`TEAL_CRITERION_KEY`] `hotcold.teal.criterion`: `magnitude` (TEAL's `|x_i|`, the default
+//!   when absent) or `wina` (`|x_i| · ‖W[:, i]‖₂` is compared with the threshold instead, see
+//!   [`ChannelRule`]).
 //! - [`TEAL_TARGET_KEY`] `hotcold.teal.target_sparsity`: the model-wide target the thresholds were
 //!   calibrated for (f32, informational).
 //! - [`TEAL_SPARSITY_KEY`] `hotcold.teal.sparsity`: the calibrated skipped fraction per layer and
 //!   matrix, same layout as the thresholds (informational).
 
 mod allocate;
+mod criterion;
 mod histogram;
 mod measure;
 mod record;
@@ -33,6 +37,7 @@ mod stats;
 use rayon::prelude::*;
 
 pub use allocate::Allocation;
+pub use criterion::ChannelRule;
 pub use histogram::MagnitudeHistogram;
 pub use measure::{block_errors, measured_allocation, LayerAllocation};
 pub use record::{TealCalibration, TealRecorder};
@@ -46,7 +51,7 @@ use crate::model::Model;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
-pub use crate::model::TEAL_THRESHOLDS_KEY;
+pub use crate::model::{TealCriterion, TEAL_CRITERION_KEY, TEAL_THRESHOLDS_KEY};
 /// Metadata key of the model-wide target sparsity the TEAL thresholds were calibrated for.
 pub const TEAL_TARGET_KEY: &str = "hotcold.teal.target_sparsity";
 /// Metadata key of the calibrated skipped fraction per layer and matrix.
@@ -129,6 +134,7 @@ impl InputMajor {
 /// channels kept. Install it on a session with [`Session::set_teal`](super::Session::set_teal).
 pub struct Teal {
     thresholds: Vec<[f32; 7]>,
+    rule: ChannelRule,
     mats: Vec<[InputMajor; 7]>,
     sparse_prefill: bool,
     counters: Counters,
@@ -156,20 +162,24 @@ pub fn repack_type(src: GgmlType, n_out: usize) -> GgmlType {
 }
 
 impl Teal {
-    /// TEAL for `model` with the file's thresholds (an error when it has none).
+    /// TEAL for `model` with the file's thresholds and criterion (an error when it has no
+    /// thresholds).
     pub fn new(model: &Model, opts: TealOptions) -> Result<Teal> {
         let thresholds = model
             .hp
             .teal_thresholds
             .clone()
             .ok_or_else(|| Error::InvalidArgument(TEAL_NEEDS_THRESHOLDS.into()))?;
-        Teal::with_thresholds(model, thresholds, opts)
+        let rule = ChannelRule::new(model, model.hp.teal_criterion)?;
+        Teal::with_thresholds(model, thresholds, rule, opts)
     }
 
-    /// TEAL for `model` with the given thresholds (one row of seven per layer).
+    /// TEAL for `model` with the given thresholds (one row of seven per layer), applied as `rule`
+    /// says.
     pub fn with_thresholds(
         model: &Model,
         thresholds: Vec<[f32; 7]>,
+        rule: ChannelRule,
         opts: TealOptions,
     ) -> Result<Teal> {
         let n_layer = model.hp.n_layer;
@@ -194,6 +204,7 @@ impl Teal {
             .collect::<Result<Vec<_>>>()?;
         Ok(Teal {
             thresholds,
+            rule,
             mats,
             sparse_prefill: opts.sparse_prefill,
             counters: Counters::new(n_layer),
@@ -236,7 +247,7 @@ impl Teal {
         self.column_sparse(il, which, x, n)
     }
 
-    /// The column-sparse product: `x` thresholded, then `Σ_{i kept} x_i · W[:, i]` over the
+    /// The column-sparse product: `x` thresholded (see [`ChannelRule`]), then `Σ_{i kept} x_i · W[:, i]` over the
     /// input-major copy.
     fn column_sparse(&self, il: usize, which: Proj, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let m = &self.mats[il][which.index()];
@@ -250,14 +261,7 @@ impl Teal {
         }
         let t = self.thresholds[il][which.index()];
         let mut xs = x.to_vec();
-        let mut kept = 0u64;
-        for v in &mut xs {
-            if v.abs() < t {
-                *v = 0.0;
-            } else {
-                kept += 1;
-            }
-        }
+        let kept = self.rule.mask(il, which, t, &mut xs);
         self.counters.add(il, which, kept, (n * m.n_in) as u64);
         let mut y = vec![0f32; n * m.n_out];
         m.axpy(&xs, n, &mut y)?;

@@ -1,15 +1,16 @@
 //! Calibration for TEAL: a [`Linear`] and [`FfnOffload`] that computes every product densely and
-//! records the magnitudes of each matrix's inputs in a [`MagnitudeHistogram`], weighted by the
-//! squared norm of the weight column each input multiplies (the output error its zeroing adds).
+//! records what the thresholds will compare for each matrix's inputs (their magnitudes, or under
+//! WINA the magnitudes times their weight columns' norms) in a [`MagnitudeHistogram`], with the
+//! output error each input's zeroing adds (`‖W[:, i]‖² x_i²`).
 
 use std::sync::Mutex;
 
 use super::allocate::{allocate, Allocation};
+use super::criterion::{column_norms, ChannelRule};
 use super::histogram::MagnitudeHistogram;
-use crate::cpu;
 use crate::engine::linear::{dense_project, Linear, Proj};
 use crate::engine::offload::{CpuFfn, FfnOffload, FfnTensor};
-use crate::model::Model;
+use crate::model::{Model, TealCriterion};
 use crate::{Error, Result};
 
 /// Records the input histograms of every layer's seven matrices while computing densely.
@@ -17,6 +18,8 @@ pub struct TealRecorder {
     hists: Vec<[Mutex<MagnitudeHistogram>; 7]>,
     /// `‖W[:, i]‖²` per layer, matrix and input channel.
     col_norms: Vec<[Vec<f32>; 7]>,
+    /// The criterion the histograms record.
+    rule: ChannelRule,
     params: Vec<[f64; 7]>,
 }
 
@@ -31,48 +34,24 @@ pub struct TealCalibration {
 
 impl TealRecorder {
     /// A recorder for `model` (reads every block weight once for its column norms).
-    pub fn new(model: &Model) -> Result<TealRecorder> {
-        let mut col_norms = Vec::with_capacity(model.hp.n_layer);
-        let mut params = Vec::with_capacity(model.hp.n_layer);
-        for (il, layer) in model.layers.iter().enumerate() {
-            let mut norms: [Vec<f32>; 7] = Default::default();
-            let mut p = [0f64; 7];
-            for m in Proj::ALL {
-                if let (Proj::Down, None, Some(w_t)) = (m, &layer.down, &layer.down_t) {
-                    // neuron-major down: input channel i is row i
-                    let mat = model.matrix(w_t);
-                    let mut row = vec![0f32; w_t.cols];
-                    let mut sq = vec![0f32; w_t.rows];
-                    for (r, s) in sq.iter_mut().enumerate() {
-                        cpu::dequantize_row(&mat, r, &mut row)?;
-                        *s = row.iter().map(|v| v * v).sum();
-                    }
-                    norms[m.index()] = sq;
-                    p[m.index()] = (w_t.rows * w_t.cols) as f64;
-                    continue;
-                }
-                let w = m.weight(layer).ok_or_else(|| Error::Tensor {
-                    tensor: format!("blk.{il}.{}.weight", m.name()),
-                    message: "TEAL calibration needs every matrix of the block row-major".into(),
-                })?;
-                let mat = model.matrix(w);
-                let mut sq = vec![0f32; w.cols];
-                let mut row = vec![0f32; w.cols];
-                for r in 0..w.rows {
-                    cpu::dequantize_row(&mat, r, &mut row)?;
-                    sq.iter_mut().zip(&row).for_each(|(s, &v)| *s += v * v);
-                }
-                norms[m.index()] = sq;
-                p[m.index()] = (w.rows * w.cols) as f64;
-            }
+    pub fn new(model: &Model, criterion: TealCriterion) -> Result<TealRecorder> {
+        let (mut col_norms, mut params) = (Vec::new(), Vec::new());
+        for il in 0..model.hp.n_layer {
+            let (norms, p) = column_norms(model, il)?;
             col_norms.push(norms);
             params.push(p);
         }
         Ok(TealRecorder {
             hists: (0..model.hp.n_layer).map(|_| Default::default()).collect(),
+            rule: ChannelRule::from_squared_norms(criterion, col_norms.clone()),
             col_norms,
             params,
         })
+    }
+
+    /// The criterion the histograms are recorded for, with its per-channel scales.
+    pub fn rule(&self) -> &ChannelRule {
+        &self.rule
     }
 
     fn record(&self, il: usize, which: Proj, x: &[f32]) {
@@ -80,7 +59,12 @@ impl TealRecorder {
         let mut local = MagnitudeHistogram::default();
         for row in x.chunks_exact(norms.len()) {
             for (&v, &w) in row.iter().zip(norms) {
-                local.add(v, w);
+                // the histogram's value is what the threshold compares; the error its
+                // zeroing adds is `‖W[:, i]‖² v²` either way
+                match self.rule.criterion() {
+                    TealCriterion::Magnitude => local.add(v, w),
+                    TealCriterion::Wina => local.add(v.abs() * w.sqrt(), 1.0),
+                }
             }
         }
         self.hists[il][which.index()]

@@ -12,7 +12,9 @@ mod teal;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use hotcold_core::engine::{Allocation, FfnMode, FfnObserver, FfnTrace, Logits, Session};
+use hotcold_core::engine::{
+    Allocation, FfnMode, FfnObserver, FfnTrace, Logits, Session, TealCriterion,
+};
 use hotcold_core::gguf::{GgufWriter, Magic, MetaArray, MetaValue};
 use hotcold_core::model::PREDICTOR_THRESHOLDS_KEY;
 use hotcold_core::models::DefaultModel;
@@ -63,6 +65,19 @@ pub struct Args {
     /// sequences of at most 128); every allocation reports its block output error on them.
     #[arg(long, default_value_t = 256)]
     teal_sample_tokens: usize,
+    /// What TEAL's thresholds compare: `magnitude` (TEAL's `|x_i|`) or `wina` (WINA's
+    /// `|x_i| · ‖W[:, i]‖₂`, the input times the norm of the weight column it multiplies).
+    #[arg(long, value_enum, default_value = "magnitude")]
+    teal_criterion: CriterionArg,
+}
+
+/// `--teal-criterion` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CriterionArg {
+    /// TEAL's input magnitude.
+    Magnitude,
+    /// WINA's input magnitude times the weight column's norm.
+    Wina,
 }
 
 /// `--teal-allocation` values.
@@ -113,7 +128,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         teal::How::Estimate(Allocation::Uniform, args.teal_sample_tokens)
                     }
                 };
-                teal::calibrate(&loaded, &tokens, sparsity, how, &args.output)
+                let criterion = match args.teal_criterion {
+                    CriterionArg::Magnitude => TealCriterion::Magnitude,
+                    CriterionArg::Wina => TealCriterion::Wina,
+                };
+                teal::calibrate(&loaded, &tokens, sparsity, how, criterion, &args.output)
             }
         };
     }

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hotcold_core::engine::{
-    block_errors, measured_allocation, Allocation, Proj, TealCalibration, TealRecorder,
-    TEAL_SPARSITY_KEY, TEAL_TARGET_KEY, TEAL_THRESHOLDS_KEY,
+    block_errors, measured_allocation, Allocation, Proj, TealCalibration, TealCriterion,
+    TealRecorder, TEAL_CRITERION_KEY, TEAL_SPARSITY_KEY, TEAL_TARGET_KEY, TEAL_THRESHOLDS_KEY,
 };
 use hotcold_core::gguf::{GgufWriter, MetaArray, MetaValue};
 
@@ -43,9 +43,14 @@ pub(super) fn calibrate(
     tokens: &[u32],
     sparsity: f64,
     how: How,
+    criterion: TealCriterion,
     output: &Path,
 ) -> anyhow::Result<()> {
-    let recorder = Arc::new(loaded.pool.install(|| TealRecorder::new(&loaded.model))?);
+    let recorder = Arc::new(
+        loaded
+            .pool
+            .install(|| TealRecorder::new(&loaded.model, criterion))?,
+    );
     trace_with(loaded, tokens, |session| {
         session.set_linear(recorder.clone());
         session.set_ffn_offload(recorder.clone());
@@ -59,7 +64,7 @@ pub(super) fn calibrate(
     };
     let errors = loaded
         .pool
-        .install(|| block_errors(&loaded.model, &samples, &cal.thresholds))?;
+        .install(|| block_errors(&loaded.model, &samples, &cal.thresholds, recorder.rule()))?;
     eprintln!(
         "mean block output error on the sample (relative to the block's update): {:.5}",
         errors.iter().sum::<f64>() / errors.len().max(1) as f64
@@ -85,9 +90,14 @@ pub(super) fn calibrate(
         )),
     );
     writer.set(TEAL_TARGET_KEY, MetaValue::F32(sparsity as f32));
+    writer.set(
+        TEAL_CRITERION_KEY,
+        MetaValue::String(criterion.name().to_owned()),
+    );
     writer.write_file(output)?;
     println!(
-        "teal thresholds ({how:?} allocation) for target sparsity {sparsity} written to {}",
+        "teal thresholds ({how:?} allocation, {} criterion) for target sparsity {sparsity} written to {}",
+        criterion.name(),
         output.display()
     );
     Ok(())
