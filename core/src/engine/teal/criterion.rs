@@ -3,43 +3,36 @@
 //! adds to the output). Under WINA each channel in effect has its own threshold `t / ‖W[:, i]‖₂`,
 //! so a matrix's channels whose columns are small are skipped at larger inputs.
 
-use super::Proj;
+use super::{block_weight, Proj};
 use crate::cpu;
 use crate::model::{Model, TealCriterion};
-use crate::{Error, Result};
+use crate::Result;
 
 /// `‖W[:, i]‖²` of every input channel of each of layer `il`'s seven matrices, in [`Proj::ALL`]
 /// order, and each matrix's parameter count (reads every block weight once).
 pub(super) fn column_norms(model: &Model, il: usize) -> Result<([Vec<f32>; 7], [f64; 7])> {
-    let layer = &model.layers[il];
     let mut norms: [Vec<f32>; 7] = Default::default();
     let mut params = [0f64; 7];
     for m in Proj::ALL {
-        if let (Proj::Down, None, Some(w_t)) = (m, &layer.down, &layer.down_t) {
-            // neuron-major down: input channel i is row i
-            let mat = model.matrix(w_t);
-            let mut row = vec![0f32; w_t.cols];
-            let mut sq = vec![0f32; w_t.rows];
+        let (w, input_major) = block_weight(model, il, m)?;
+        let mat = model.matrix(w);
+        let mut row = vec![0f32; w.cols];
+        let sq = if input_major {
+            // input channel i is row i
+            let mut sq = vec![0f32; w.rows];
             for (r, s) in sq.iter_mut().enumerate() {
                 cpu::dequantize_row(&mat, r, &mut row)?;
                 *s = row.iter().map(|v| v * v).sum();
             }
-            norms[m.index()] = sq;
-            params[m.index()] = (w_t.rows * w_t.cols) as f64;
-            continue;
-        }
-        let w = m.weight(layer).ok_or_else(|| Error::Tensor {
-            tensor: format!("blk.{il}.{}.weight", m.name()),
-            message: "TEAL needs every matrix of the block row-major (gate, up and ffn_down)"
-                .into(),
-        })?;
-        let mat = model.matrix(w);
-        let mut sq = vec![0f32; w.cols];
-        let mut row = vec![0f32; w.cols];
-        for r in 0..w.rows {
-            cpu::dequantize_row(&mat, r, &mut row)?;
-            sq.iter_mut().zip(&row).for_each(|(s, &v)| *s += v * v);
-        }
+            sq
+        } else {
+            let mut sq = vec![0f32; w.cols];
+            for r in 0..w.rows {
+                cpu::dequantize_row(&mat, r, &mut row)?;
+                sq.iter_mut().zip(&row).for_each(|(s, &v)| *s += v * v);
+            }
+            sq
+        };
         norms[m.index()] = sq;
         params[m.index()] = (w.rows * w.cols) as f64;
     }
@@ -57,7 +50,7 @@ pub struct ChannelRule {
 impl ChannelRule {
     /// TEAL's magnitude rule, which needs nothing of the weights.
     pub fn magnitude() -> ChannelRule {
-        ChannelRule::from_squared_norms(TealCriterion::Magnitude, Vec::new())
+        ChannelRule::from_squared_norms(TealCriterion::Magnitude, &[])
     }
 
     /// The rule of `criterion` for `model` (under WINA this reads every block weight once).
@@ -65,10 +58,10 @@ impl ChannelRule {
         match criterion {
             TealCriterion::Magnitude => Ok(ChannelRule::magnitude()),
             TealCriterion::Wina => {
-                let norms = (0..model.hp.n_layer)
+                let norms: Vec<[Vec<f32>; 7]> = (0..model.hp.n_layer)
                     .map(|il| column_norms(model, il).map(|(n, _)| n))
                     .collect::<Result<_>>()?;
-                Ok(ChannelRule::from_squared_norms(criterion, norms))
+                Ok(ChannelRule::from_squared_norms(criterion, &norms))
             }
         }
     }
@@ -77,13 +70,13 @@ impl ChannelRule {
     /// magnitude).
     pub(super) fn from_squared_norms(
         criterion: TealCriterion,
-        norms: Vec<[Vec<f32>; 7]>,
+        norms: &[[Vec<f32>; 7]],
     ) -> ChannelRule {
         let scales = match criterion {
             TealCriterion::Magnitude => Vec::new(),
             TealCriterion::Wina => norms
-                .into_iter()
-                .map(|layer| layer.map(|m| m.into_iter().map(f32::sqrt).collect()))
+                .iter()
+                .map(|layer| std::array::from_fn(|m| layer[m].iter().map(|n| n.sqrt()).collect()))
                 .collect(),
         };
         ChannelRule { criterion, scales }
@@ -129,7 +122,7 @@ mod tests {
         // one layer; q's three input channels have column norms 1, 2 and 0
         let mut norms: [Vec<f32>; 7] = Default::default();
         norms[Proj::Q.index()] = vec![1.0, 4.0, 0.0];
-        let wina = ChannelRule::from_squared_norms(TealCriterion::Wina, vec![norms]);
+        let wina = ChannelRule::from_squared_norms(TealCriterion::Wina, &[norms]);
         // two rows: scores 1.0, 1.0, 0 and 0.5, 3.0, 0
         let mut x = vec![1.0, -0.5, 7.0, 0.5, 1.5, -7.0];
         assert_eq!(wina.mask(0, Proj::Q, 0.9, &mut x), 3);

@@ -1,8 +1,8 @@
 //! TEAL (Liu et al. 2024, "Training-Free Activation Sparsity in Large Language Models"): the input
 //! of every matrix of a block is thresholded by magnitude, `x_i := 0` when `|x_i| < t`, with one
 //! calibrated threshold per layer and matrix (or by WINA's weight-informed score, see
-//! [`ChannelRule`]); a zero input channel `i` skips column `i` of the weight. To make that skip a skip of memory, [`Teal::new`] repacks the weights of `Q`, `K`, `V`,
-//! `O`, gate, up and down input-major at load (one contiguous row of `n_out` values per input
+//! [`ChannelRule`]); a zero input channel `i` skips column `i` of the weight. To make that skip a
+//! skip of memory, [`Teal::new`] repacks the weights of `Q`, `K`, `V`, `O`, gate, up and down input-major at load (one contiguous row of `n_out` values per input
 //! channel, quantised along the output dimension, see [`repack_type`]) and each product becomes
 //! the column-sparse `y = Σ_{i kept} x_i · W[:, i]`, i.e. [`cpu::sparse_axpy`] over the repacked
 //! matrix (AVX2/AVX-512 with a scalar fallback, parallel over fixed output ranges, deterministic:
@@ -18,7 +18,7 @@
 //! ## Metadata (written by `hotcold calibrate --sparsity-mode teal`)
 //! - [`TEAL_THRESHOLDS_KEY`] `hotcold.teal.thresholds`: `n_layer × 7` f32, layer-major, in
 //!   [`Proj::ALL`] order (q, k, v, o, gate, up, down): channel `i` of the matrix's input is
-//!   skipped when `|x_i| <` the threshold.
+//!   skipped when its score (`|x_i|` under the default criterion) is below the threshold.
 //! - [`TEAL_CRITERION_KEY`] `hotcold.teal.criterion`: `magnitude` (TEAL's `|x_i|`, the default
 //!   when absent) or `wina` (`|x_i| · ‖W[:, i]‖₂` is compared with the threshold instead, see
 //!   [`ChannelRule`]).
@@ -47,7 +47,7 @@ pub use stats::TealStats;
 use super::linear::{dense_project, Linear, Proj};
 use super::offload::{CpuFfn, FfnOffload, FfnTensor};
 use crate::cpu::{self, Matrix};
-use crate::model::Model;
+use crate::model::{Model, Weight};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -247,8 +247,8 @@ impl Teal {
         self.column_sparse(il, which, x, n)
     }
 
-    /// The column-sparse product: `x` thresholded (see [`ChannelRule`]), then `Σ_{i kept} x_i · W[:, i]` over the
-    /// input-major copy.
+    /// The column-sparse product: `x` thresholded (see [`ChannelRule`]), then
+    /// `Σ_{i kept} x_i · W[:, i]` over the input-major copy.
     fn column_sparse(&self, il: usize, which: Proj, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let m = &self.mats[il][which.index()];
         if x.len() != n * m.n_in {
@@ -269,23 +269,32 @@ impl Teal {
     }
 }
 
+/// Layer `il`'s matrix `p` as TEAL reads it, and whether it is stored input-major: PowerInfer's
+/// files keep down only neuron-major (`ffn_down_t`, whose rows are its input channels); every
+/// other matrix must be row-major.
+fn block_weight(model: &Model, il: usize, p: Proj) -> Result<(&Weight, bool)> {
+    let layer = &model.layers[il];
+    if let (Proj::Down, None, Some(w_t)) = (p, &layer.down, &layer.down_t) {
+        return Ok((w_t, true));
+    }
+    let w = p.weight(layer).ok_or_else(|| Error::Tensor {
+        tensor: format!("blk.{il}.{}.weight", p.name()),
+        message: "TEAL needs every matrix of the block row-major (gate, up and ffn_down)".into(),
+    })?;
+    Ok((w, false))
+}
+
 /// Layer `il`'s seven matrices input-major.
 fn repack_layer(model: &Model, il: usize, ty: Option<GgmlType>) -> Result<[InputMajor; 7]> {
-    let layer = &model.layers[il];
     let mut out = Vec::with_capacity(7);
     for p in Proj::ALL {
-        if let (Proj::Down, None, Some(w_t)) = (p, &layer.down, &layer.down_t) {
-            // PowerInfer's files store down neuron-major: already input-major
-            let ty = ty.unwrap_or_else(|| repack_type(w_t.ty, w_t.cols));
-            let bytes = reencode(&model.matrix(w_t), ty)?;
-            out.push(InputMajor::new(ty, w_t.rows, w_t.cols, bytes)?);
+        let (w, input_major) = block_weight(model, il, p)?;
+        if input_major {
+            let ty = ty.unwrap_or_else(|| repack_type(w.ty, w.cols));
+            let bytes = reencode(&model.matrix(w), ty)?;
+            out.push(InputMajor::new(ty, w.rows, w.cols, bytes)?);
             continue;
         }
-        let w = p.weight(layer).ok_or_else(|| Error::Tensor {
-            tensor: format!("blk.{il}.{}.weight", p.name()),
-            message: "TEAL needs every matrix of the block row-major (gate, up and ffn_down)"
-                .into(),
-        })?;
         let ty = ty.unwrap_or_else(|| repack_type(w.ty, w.rows));
         let bytes =
             crate::model::transposed_as(&model.matrix(w), ty).map_err(|e| Error::Tensor {

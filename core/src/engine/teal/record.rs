@@ -43,7 +43,7 @@ impl TealRecorder {
         }
         Ok(TealRecorder {
             hists: (0..model.hp.n_layer).map(|_| Default::default()).collect(),
-            rule: ChannelRule::from_squared_norms(criterion, col_norms.clone()),
+            rule: ChannelRule::from_squared_norms(criterion, &col_norms),
             col_norms,
             params,
         })
