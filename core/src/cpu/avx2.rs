@@ -101,8 +101,17 @@ pub(crate) unsafe fn round_f16_row(x: &[f32], out: &mut [f32], scalar: fn(f32) -
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn widen_f16_row(h: &[half::f16], out: &mut [f32]) {
-    assert_eq!(h.len(), out.len(), "widen_f16_row lengths");
-    let mut hs = h.chunks_exact(8);
+    widen_f16_bytes(bytemuck::cast_slice(h), out)
+}
+
+/// [`widen_f16_row`] over little-endian f16 bytes at any alignment (`h.len() == 2 * out.len()`).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn widen_f16_bytes(h: &[u8], out: &mut [f32]) {
+    assert_eq!(h.len(), 2 * out.len(), "widen_f16_bytes lengths");
+    let mut hs = h.chunks_exact(16);
     let mut os = out.chunks_exact_mut(8);
     for (h, o) in (&mut hs).zip(&mut os) {
         let v = _mm_loadu_si128(h.as_ptr() as *const __m128i);
@@ -110,8 +119,28 @@ pub(crate) unsafe fn widen_f16_row(h: &[half::f16], out: &mut [f32]) {
     }
     os.into_remainder()
         .iter_mut()
-        .zip(hs.remainder())
-        .for_each(|(o, h)| *o = h.to_f32());
+        .zip(hs.remainder().chunks_exact(2))
+        .for_each(|(o, h)| *o = half::f16::from_le_bytes([h[0], h[1]]).to_f32());
+}
+
+/// `out[i] = f32(h[i])` for little-endian bf16 bytes `h` at any alignment (`h.len() == 2 *
+/// out.len()`), 8 values at a time: the bf16 bits become the top half of the f32's (exact).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn widen_bf16_bytes(h: &[u8], out: &mut [f32]) {
+    assert_eq!(h.len(), 2 * out.len(), "widen_bf16_bytes lengths");
+    let mut hs = h.chunks_exact(16);
+    let mut os = out.chunks_exact_mut(8);
+    for (h, o) in (&mut hs).zip(&mut os) {
+        let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+        _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, _mm256_slli_epi32(v, 16));
+    }
+    os.into_remainder()
+        .iter_mut()
+        .zip(hs.remainder().chunks_exact(2))
+        .for_each(|(o, h)| *o = f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16));
 }
 
 /// ggml's AVX2 `quantize_row_q8_0` for one token row: quants, f16-rounded scales, block sums.

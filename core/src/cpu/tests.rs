@@ -323,6 +323,44 @@ fn a_tokens_bits_do_not_depend_on_the_batch() {
     }
 }
 
+/// The AVX2 batch path that widens F16 and BF16 rows to f32 once per task (small batches per tile
+/// of rows, long ones per task) gives each token the bits of its product alone: rows that span
+/// several tasks and a partial last tile, columns with a 16-wide body, an 8-wide step and a
+/// scalar tail.
+#[test]
+fn widened_float_batches_match_each_token_alone() {
+    let mut rng = Rng(23);
+    let (rows, cols, n_max) = (301, 16 * 12 + 8 + 3, 40);
+    let x: Vec<f32> = (0..n_max * cols).map(|_| rng.f()).collect();
+    for ty in [GgmlType::F16, GgmlType::BF16] {
+        let data = random_matrix(&mut rng, ty, rows, cols);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        for level in levels() {
+            let alone: Vec<Vec<f32>> = x
+                .chunks(cols)
+                .map(|xt| {
+                    let mut y = vec![0f32; rows];
+                    matmul_with_simd(level, &w, xt, 1, &mut y).unwrap();
+                    y
+                })
+                .collect();
+            for n in [3, 4, 8, 17, n_max] {
+                for threads in [1, 2] {
+                    let mut y = vec![0f32; n * rows];
+                    in_pool(threads, || {
+                        matmul_with_simd(level, &w, &x[..n * cols], n, &mut y)
+                    })
+                    .unwrap();
+                    for (t, yt) in y.chunks(rows).enumerate() {
+                        let (a, b) = (bits(yt), bits(&alone[t]));
+                        assert_eq!(a, b, "{level} {ty}: token {t} of {n}, {threads} threads");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The bit patterns of `v` (shared with the sparse operators' tests).
 pub(super) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
