@@ -393,7 +393,8 @@ fn teal_at_a_nonzero_threshold_equals_the_masked_dense_product() {
     }
 }
 
-/// TEAL's measured greedy allocation on Gemma with a short sample of the Declaration: every
+/// TEAL's measured greedy allocation on Gemma with a short sample of the Declaration (two
+/// 16-token samples, 20% target: the measured search is most of this file's time): every
 /// block reaches the target (within one step), a second run gives the same thresholds, and on
 /// TEAL's own measure (each block's output error on the sample, dense inputs) it does better
 /// than giving every matrix the target.
@@ -416,8 +417,8 @@ fn measured_greedy_meets_the_target_and_beats_uniform_on_block_error() {
         1,
         2,
     );
-    let samples: Vec<&[u32]> = tokens[..64].chunks(32).collect();
-    let target = 0.25;
+    let samples: Vec<&[u32]> = tokens[..32].chunks(16).collect();
+    let target = 0.2;
     let measured = || {
         let mut evaluations = 0;
         let cal = measured_allocation(&model, &recorder, &samples, target, |_, a| {

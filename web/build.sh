@@ -3,6 +3,8 @@
 # synthetic ReLU model (web/www/models/tiny.gguf, by `hotcold synth`), then prints the wasm size.
 #   bash web/build.sh            build
 #   bash web/build.sh --serve    build, then serve web/www on http://127.0.0.1:8080 (PORT=… to change)
+#   bash web/build.sh --tools    only install the wasm-bindgen CLI (.ci/run does it early, beside
+#                                the apt installs)
 # Installs the wasm-bindgen CLI at the exact version in Cargo.lock when it is missing (cached in
 # ~/.cargo/bin). wasm-pack and wasm-opt are not needed.
 set -euo pipefail
@@ -13,6 +15,9 @@ version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; 
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$version" ]; then
     echo "installing wasm-bindgen-cli $version" >&2
     cargo install wasm-bindgen-cli --version "$version"
+fi
+if [ "${1:-}" = "--tools" ]; then
+    exit 0
 fi
 
 # No debug line tables in the shipped module (the native release profile keeps them). simd128 (in
