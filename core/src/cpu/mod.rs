@@ -645,6 +645,7 @@ fn packed_for(level: Level, w: &Matrix, n_tokens: usize) -> Option<PackedPath> {
 
 /// Token rows from which an AVX2 batch of F16 or BF16 weights widens each task's rows to f32 once
 /// (see [`widened_for`]); from 3 tokens their kernels would convert each weight twice or more.
+#[cfg(target_arch = "x86_64")]
 const WIDEN_MIN_TOKENS: usize = 3;
 
 /// Widens whole F16 or BF16 weight rows, back to back in `w`, to f32 in `out`.
@@ -866,20 +867,12 @@ fn run_rows(
                     r += nr;
                 }
             }
-            let mut t0 = 0;
-            while t0 < n_tokens {
-                let nt = (n_tokens - t0).min(NT);
-                let mut r = r0;
-                while r < r1 {
-                    let nr = (r1 - r).min(MR);
-                    if t0 == 0 {
-                        prefetch_to(r + nr);
-                    }
-                    tile_at(&wide, r, nr, r - r0, t0, nt);
-                    r += nr;
+            sweep_token_groups(r0..r1, n_tokens, |r, nr, t0, nt| {
+                if t0 == 0 {
+                    prefetch_to(r + nr);
                 }
-                t0 += nt;
-            }
+                tile_at(&wide, r, nr, r - r0, t0, nt);
+            });
         }
         WIDE.set(wide);
     };
@@ -887,6 +880,26 @@ fn run_rows(
         (0..n_chunks).for_each(task);
     } else {
         (0..n_chunks).into_par_iter().for_each(task);
+    }
+}
+
+/// Calls `tile(r, nr, t0, nt)` on every tile of up to [`MR`] of the `rows` × [`NT`] tokens, token
+/// group after token group, each group sweeping all the rows (which a long batch keeps in L2).
+fn sweep_token_groups(
+    rows: std::ops::Range<usize>,
+    n_tokens: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = (n_tokens - t0).min(NT);
+        let mut r = rows.start;
+        while r < rows.end {
+            let nr = (rows.end - r).min(MR);
+            tile(r, nr, t0, nt);
+            r += nr;
+        }
+        t0 += nt;
     }
 }
 
@@ -928,19 +941,11 @@ fn run_rows_packed(
         let mut packed = PACKED.with(|p| p.take()).unwrap_or_default();
         packer(&w.data[r0 * rb..r1 * rb], rb, r1 - r0, &mut packed);
         let mut tile = [0f32; MR * NT];
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let nt = (n_tokens - t0).min(NT);
-            let mut r = r0;
-            while r < r1 {
-                let nr = (r1 - r).min(MR);
-                pk(&packed, r - r0, nr, acts, t0, nt, &mut tile);
-                // SAFETY: as in run_rows: in bounds, and rows r0..r1 are this task's.
-                unsafe { out.store_tile(&tile, nr, nt, t0, rows, r) };
-                r += nr;
-            }
-            t0 += nt;
-        }
+        sweep_token_groups(r0..r1, n_tokens, |r, nr, t0, nt| {
+            pk(&packed, r - r0, nr, acts, t0, nt, &mut tile);
+            // SAFETY: as in run_rows: in bounds, and rows r0..r1 are this task's.
+            unsafe { out.store_tile(&tile, nr, nt, t0, rows, r) };
+        });
         PACKED.with(|p| p.set(Some(packed)));
     };
     if n_chunks == 1 || threads == 1 {

@@ -303,14 +303,7 @@ fn a_tokens_bits_do_not_depend_on_the_batch() {
             let data = random_matrix(&mut rng, ty, rows, cols);
             let w = Matrix::new(ty, rows, cols, &data).unwrap();
             let x: Vec<f32> = (0..9 * cols).map(|_| rng.f()).collect();
-            let alone: Vec<Vec<f32>> = x
-                .chunks(cols)
-                .map(|xt| {
-                    let mut y = vec![0f32; rows];
-                    matmul_with_simd(level, &w, xt, 1, &mut y).unwrap();
-                    y
-                })
-                .collect();
+            let alone = each_token_alone(level, &w, &x);
             for n in 2..=9 {
                 let mut y = vec![0f32; n * rows];
                 matmul_with_simd(level, &w, &x[..n * cols], n, &mut y).unwrap();
@@ -336,14 +329,7 @@ fn widened_float_batches_match_each_token_alone() {
         let data = random_matrix(&mut rng, ty, rows, cols);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
         for level in levels() {
-            let alone: Vec<Vec<f32>> = x
-                .chunks(cols)
-                .map(|xt| {
-                    let mut y = vec![0f32; rows];
-                    matmul_with_simd(level, &w, xt, 1, &mut y).unwrap();
-                    y
-                })
-                .collect();
+            let alone = each_token_alone(level, &w, &x);
             for n in [3, 4, 8, 17, n_max] {
                 for threads in [1, 2] {
                     let mut y = vec![0f32; n * rows];
@@ -359,6 +345,17 @@ fn widened_float_batches_match_each_token_alone() {
             }
         }
     }
+}
+
+/// The product of each token of `x` (rows of `w.cols` values) run alone at `level`.
+fn each_token_alone(level: &str, w: &Matrix, x: &[f32]) -> Vec<Vec<f32>> {
+    x.chunks(w.cols)
+        .map(|xt| {
+            let mut y = vec![0f32; w.rows];
+            matmul_with_simd(level, w, xt, 1, &mut y).unwrap();
+            y
+        })
+        .collect()
 }
 
 /// The bit patterns of `v` (shared with the sparse operators' tests).
