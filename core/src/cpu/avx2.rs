@@ -110,17 +110,12 @@ pub(crate) unsafe fn widen_f16_row(h: &[half::f16], out: &mut [f32]) {
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn widen_f16_bytes(h: &[u8], out: &mut [f32]) {
-    assert_eq!(h.len(), 2 * out.len(), "widen_f16_bytes lengths");
-    let mut hs = h.chunks_exact(16);
-    let mut os = out.chunks_exact_mut(8);
-    for (h, o) in (&mut hs).zip(&mut os) {
-        let v = _mm_loadu_si128(h.as_ptr() as *const __m128i);
-        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(v));
-    }
-    os.into_remainder()
-        .iter_mut()
-        .zip(hs.remainder().chunks_exact(2))
-        .for_each(|(o, h)| *o = half::f16::from_le_bytes([h[0], h[1]]).to_f32());
+    widen_16bit(
+        h,
+        out,
+        |v| _mm256_cvtph_ps(v),
+        |b| half::f16::from_le_bytes(b).to_f32(),
+    )
 }
 
 /// `out[i] = f32(h[i])` for little-endian bf16 bytes `h` at any alignment (`h.len() == 2 *
@@ -130,17 +125,34 @@ pub(crate) unsafe fn widen_f16_bytes(h: &[u8], out: &mut [f32]) {
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn widen_bf16_bytes(h: &[u8], out: &mut [f32]) {
-    assert_eq!(h.len(), 2 * out.len(), "widen_bf16_bytes lengths");
+    widen_16bit(
+        h,
+        out,
+        |v| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)),
+        |b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16),
+    )
+}
+
+/// Widens 16-bit floats `h` (little-endian bytes, any alignment) into `out`: `eight` converts 8 at
+/// a time, `one` the last `< 8`.
+#[inline(always)]
+unsafe fn widen_16bit(
+    h: &[u8],
+    out: &mut [f32],
+    eight: impl Fn(__m128i) -> __m256,
+    one: impl Fn([u8; 2]) -> f32,
+) {
+    assert_eq!(h.len(), 2 * out.len(), "widened 16-bit row lengths");
     let mut hs = h.chunks_exact(16);
     let mut os = out.chunks_exact_mut(8);
     for (h, o) in (&mut hs).zip(&mut os) {
-        let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(h.as_ptr() as *const __m128i));
-        _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, _mm256_slli_epi32(v, 16));
+        let v = _mm_loadu_si128(h.as_ptr() as *const __m128i);
+        _mm256_storeu_ps(o.as_mut_ptr(), eight(v));
     }
     os.into_remainder()
         .iter_mut()
         .zip(hs.remainder().chunks_exact(2))
-        .for_each(|(o, h)| *o = f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16));
+        .for_each(|(o, h)| *o = one([h[0], h[1]]));
 }
 
 /// ggml's AVX2 `quantize_row_q8_0` for one token row: quants, f16-rounded scales, block sums.
