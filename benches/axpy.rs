@@ -6,7 +6,9 @@
 //!
 //! Cases: `up7b` (Llama-2-7B's gate/up as TEAL's input-major copy, 4096 × 11008, 50% active),
 //! `down7b` (its down, 11008 × 4096, 50%), `small` (the synthetic `small` ReLU model's down,
-//! 4096 × 1024, 13%), each for F16, Q8_0 and Q4_0, one token (and for Q4_0 `q4_0/i8`, the same
+//! 4096 × 1024, 13%), `gemma_k`, `gemma_up`, `gemma_dn` (Gemma 3 270M's K, gate/up and down as
+//! TEAL's copies at 40%: 640 × 256 at 80%, 640 × 2048 at 63%, 2048 × 640 at 35%), each for F16,
+//! Q8_0 and Q4_0, one token (and for Q4_0 `q4_0/i8`, the same
 //! product with 8-bit coefficients, [`sparse_axpy_int8`]); with `HOTCOLD_BENCH_TOKENS=n`, a batch
 //! of `n` tokens whose active sets overlap (each token half the rows of a common 60%).
 //!
@@ -30,7 +32,7 @@ struct Case {
     density: f64,
 }
 
-const CASES: [Case; 3] = [
+const CASES: [Case; 6] = [
     Case {
         name: "up7b",
         rows: 4096,
@@ -48,6 +50,24 @@ const CASES: [Case; 3] = [
         rows: 4096,
         cols: 1024,
         density: 0.13,
+    },
+    Case {
+        name: "gemma_k",
+        rows: 640,
+        cols: 256,
+        density: 0.8,
+    },
+    Case {
+        name: "gemma_up",
+        rows: 640,
+        cols: 2048,
+        density: 0.63,
+    },
+    Case {
+        name: "gemma_dn",
+        rows: 2048,
+        cols: 640,
+        density: 0.35,
     },
 ];
 

@@ -111,3 +111,39 @@ fn synth_calibrate_and_run_sparse() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bench_at_depth_labels_its_tests_and_refuses_past_the_context() {
+    let dir = std::env::temp_dir().join(format!("hotcold-bench-depth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("tiny.gguf");
+    let model = model.to_str().unwrap();
+    let out = hotcold(&["synth", "--preset", "tiny", "--seed", "3", "-o", model]);
+    assert!(out.status.success());
+    let bench = |depth: &str| {
+        hotcold(&[
+            "bench", "-m", model, "-t", "1", "-p", "8", "-n", "4", "-d", depth, "-r", "1",
+        ])
+    };
+    let out = bench("24");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| pp8 @ d24 |") && stdout.contains("| tg4 @ d24 |"),
+        "{stdout}"
+    );
+    let ctx = GgufFile::open(dir.join("tiny.gguf"))
+        .unwrap()
+        .get_u64("llama.context_length")
+        .unwrap()
+        .unwrap() as usize;
+    let out = bench(&(ctx - 7).to_string());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "past the context");
+    assert!(stderr.contains("exceed the model's context"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}

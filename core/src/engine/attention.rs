@@ -12,6 +12,9 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::kv_cache::KvCache;
+#[cfg(target_arch = "x86_64")]
+#[path = "attention_avx2.rs"]
+mod avx2;
 use crate::cpu::ops::{dot_f32, softmax};
 
 /// The attention problem of one layer for a batch of query tokens.
@@ -107,8 +110,33 @@ impl Pair<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, s: &mut Scratch, out: &mut [f32]) {
-        // SAFETY: the caller guarantees AVX2 and F16C (this function's contract).
+        if avx2::fits(self.shape.head_dim, self.shape.head_dim_v) {
+            // SAFETY: the caller guarantees AVX2 and F16C (this function's contract).
+            return unsafe { avx2::run(self, s, out) };
+        }
+        // SAFETY: as above.
         self.run(s, out, |h, f| unsafe { crate::cpu::widen_f16_row(h, f) })
+    }
+
+    /// The cached positions the query sees.
+    fn keys(&self) -> std::ops::RangeInclusive<usize> {
+        let p = self.pos0 + self.t;
+        let first = self.shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        first..=p
+    }
+
+    /// The group's query heads rounded to f16 (as ggml rounds the query of an f16 product) into
+    /// `s.q16`.
+    fn round_query(&self, s: &mut Scratch) {
+        let shape = self.shape;
+        let group = shape.n_head / shape.n_head_kv;
+        let q_start = (self.t * shape.n_head + self.kv_head * group) * shape.head_dim;
+        s.q16.clear();
+        s.q16.extend(
+            self.q[q_start..q_start + group * shape.head_dim]
+                .iter()
+                .map(|&x| f16::from_f32(x).to_f32()),
+        );
     }
 
     /// Writes the group's `out = softmax(scale · q·K) · V`; `widen` converts a cached f16 row to
@@ -118,19 +146,12 @@ impl Pair<'_> {
         let shape = self.shape;
         let group = shape.n_head / shape.n_head_kv;
         let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
-        let p = self.pos0 + self.t;
-        let first = shape.window.map_or(0, |w| (p + 1).saturating_sub(w));
-        let n_keys = p + 1 - first;
-        let q_start = (self.t * shape.n_head + self.kv_head * group) * hd;
-        s.q16.clear();
-        s.q16.extend(
-            self.q[q_start..q_start + group * hd]
-                .iter()
-                .map(|&x| f16::from_f32(x).to_f32()),
-        );
+        let keys = self.keys();
+        let n_keys = keys.end() + 1 - keys.start();
+        self.round_query(s);
         s.scores.resize(group * n_keys, 0.0);
         s.row.resize(hd.max(hd_v), 0.0);
-        for (jj, j) in (first..=p).enumerate() {
+        for (jj, j) in keys.clone().enumerate() {
             let k = &mut s.row[..hd];
             widen(self.cache.key(self.il, j, self.kv_head, hd), k);
             for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
@@ -142,7 +163,7 @@ impl Pair<'_> {
             w.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
         }
         out.fill(0.0);
-        for (jj, j) in (first..=p).enumerate() {
+        for (jj, j) in keys.enumerate() {
             let v = &mut s.row[..hd_v];
             widen(self.cache.value(self.il, j, self.kv_head, hd_v), v);
             for (g, o) in out.chunks_exact_mut(hd_v).enumerate() {

@@ -18,15 +18,26 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `n_ctx` positions of a model shaped like `hp`.
     pub fn new(hp: &HyperParams, n_ctx: usize) -> KvCache {
+        KvCache::with_widths(hp.n_layer, n_ctx, hp.k_width(), hp.v_width())
+    }
+
+    /// An empty cache for `n_ctx` positions of `n_layer` layers, with rows of `k_width` keys and
+    /// `v_width` values (every KV head's) per position.
+    pub(super) fn with_widths(
+        n_layer: usize,
+        n_ctx: usize,
+        k_width: usize,
+        v_width: usize,
+    ) -> KvCache {
         KvCache {
             n_ctx,
-            k_width: hp.k_width(),
-            v_width: hp.v_width(),
-            keys: (0..hp.n_layer)
-                .map(|_| vec![f16::ZERO; n_ctx * hp.k_width()])
+            k_width,
+            v_width,
+            keys: (0..n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * k_width])
                 .collect(),
-            values: (0..hp.n_layer)
-                .map(|_| vec![f16::ZERO; n_ctx * hp.v_width()])
+            values: (0..n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * v_width])
                 .collect(),
         }
     }

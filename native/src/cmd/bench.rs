@@ -18,6 +18,10 @@ pub struct Args {
     /// Generated tokens of the tg test.
     #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
     n_gen: usize,
+    /// Tokens already in the context (KV cache) when each test starts, as llama-bench's `-d`:
+    /// decode and prompt speed at depth, where attention over the cache costs more.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    n_depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     repetitions: usize,
@@ -28,12 +32,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = args.model.load(DefaultModel::Gemma3_270m)?;
     let model = &loaded.model;
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
-    let n_ctx =
-        (args.n_prompt + args.n_gen + 1).max(loaded.n_ctx.min(args.n_prompt + args.n_gen + 1));
+    let depth = args.n_depth;
+    // each test starts from the same depth, so the longest one sets the positions used
+    let longest = args.n_prompt.max(args.n_gen);
+    anyhow::ensure!(
+        depth + longest <= model.hp.n_ctx_train.max(longest),
+        "-d {depth} plus the test's {longest} tokens exceed the model's context of {} tokens",
+        model.hp.n_ctx_train
+    );
+    let n_ctx = depth + longest + 1;
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
-    let tokens: Vec<u32> = (0..args.n_prompt.max(args.n_gen))
+    let tokens: Vec<u32> = (0..depth + args.n_prompt.max(args.n_gen))
         .map(|i| ((i as u64 * 2_654_435_761) % model.hp.n_vocab as u64) as u32)
         .collect();
+    let (context, tokens) = tokens.split_at(depth);
     let mut session = loaded.session_with_ctx(n_ctx)?;
     session.eval(&tokens[..1], Logits::Last)?; // warm-up: page in the weights
     let threads = loaded.pool.current_num_threads();
@@ -48,6 +60,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "{:.2} MiB",
         model.file().file_size() as f64 / (1 << 20) as f64
     );
+    // llama-bench's label of a test at depth
+    let at_depth = |test: String| match depth {
+        0 => test,
+        d => format!("{test} @ d{d}"),
+    };
+    // the context of every repetition: the cache emptied, then `depth` tokens (not timed)
+    let start_at_depth = |session: &mut hotcold_core::engine::Session| {
+        session.truncate(0);
+        if !context.is_empty() {
+            session.eval(context, Logits::Last)?;
+        }
+        anyhow::Ok(())
+    };
     let report = |test: String, rates: &[f64]| {
         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
         let sd =
@@ -60,19 +85,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.n_prompt > 0 {
         let rates: Vec<f64> = (0..args.repetitions)
             .map(|_| {
-                session.truncate(0);
+                start_at_depth(&mut session)?;
                 let start = Instant::now();
                 session.eval(&tokens[..args.n_prompt], Logits::Last)?;
                 Ok(args.n_prompt as f64 / start.elapsed().as_secs_f64())
             })
             .collect::<anyhow::Result<_>>()?;
-        report(format!("pp{}", args.n_prompt), &rates);
+        report(at_depth(format!("pp{}", args.n_prompt)), &rates);
     }
     let mut tg_mean = None;
     if args.n_gen > 0 {
         let rates: Vec<f64> = (0..args.repetitions)
             .map(|_| {
-                session.truncate(0);
+                start_at_depth(&mut session)?;
                 let start = Instant::now();
                 for &t in &tokens[..args.n_gen] {
                     session.eval(&[t], Logits::Last)?;
@@ -80,7 +105,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Ok(args.n_gen as f64 / start.elapsed().as_secs_f64())
             })
             .collect::<anyhow::Result<_>>()?;
-        report(format!("tg{}", args.n_gen), &rates);
+        report(at_depth(format!("tg{}", args.n_gen)), &rates);
         let tg = rates.iter().sum::<f64>() / rates.len() as f64;
         tg_mean = Some(tg);
         let head = loaded.pool.install(|| lm_head_secs(model, args.n_gen))?;
