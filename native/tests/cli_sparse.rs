@@ -113,7 +113,7 @@ fn synth_calibrate_and_run_sparse() {
 }
 
 #[test]
-fn bench_at_depth_labels_its_tests_and_refuses_past_the_context() {
+fn bench_at_depth_labels_its_tests_and_refuses_past_the_context_or_no_test() {
     let dir = std::env::temp_dir().join(format!("hotcold-bench-depth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("tiny.gguf");
@@ -145,5 +145,12 @@ fn bench_at_depth_labels_its_tests_and_refuses_past_the_context() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "past the context");
     assert!(stderr.contains("exceed the model's context"), "{stderr}");
+    let out = hotcold(&["bench", "-m", model, "-p", "0", "-n", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no test to run");
+    assert!(
+        stderr.contains("no test to run") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

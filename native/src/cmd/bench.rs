@@ -35,6 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let depth = args.n_depth;
     // each test starts from the same depth, so the longest one sets the positions used
     let longest = args.n_prompt.max(args.n_gen);
+    anyhow::ensure!(longest > 0, "-p and -n are both 0: there is no test to run");
     anyhow::ensure!(
         depth + longest <= model.hp.n_ctx_train.max(longest),
         "-d {depth} plus the test's {longest} tokens exceed the model's context of {} tokens",
@@ -42,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let n_ctx = depth + longest + 1;
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
-    let tokens: Vec<u32> = (0..depth + args.n_prompt.max(args.n_gen))
+    let tokens: Vec<u32> = (0..depth + longest)
         .map(|i| ((i as u64 * 2_654_435_761) % model.hp.n_vocab as u64) as u32)
         .collect();
     let (context, tokens) = tokens.split_at(depth);
