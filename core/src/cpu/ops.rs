@@ -87,18 +87,63 @@ impl Rope {
     }
 }
 
-/// In-place softmax of one row (max-subtracted, sums in f64 as ggml does).
+/// Partial sums of [`softmax`]'s total, one per lane, added in order at the end: the loop runs on
+/// vectors of any width with the same bits.
+const SOFTMAX_LANES: usize = 8;
+
+/// In-place softmax of one row (max-subtracted, [`exp_f32`], sums in f64 as ggml does: lane `l`
+/// of [`SOFTMAX_LANES`] sums the values at `l` mod the lanes of the whole chunks, then the lanes
+/// and the tail are added in order).
 #[inline]
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
+    let mut lanes = [0f64; SOFTMAX_LANES];
+    let mut chunks = x.chunks_exact_mut(SOFTMAX_LANES);
+    for chunk in &mut chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk) {
+            *v = exp_f32(*v - max);
+            *lane += f64::from(*v);
+        }
+    }
+    let mut sum = lanes.into_iter().fold(0f64, |s, l| s + l);
+    for v in chunks.into_remainder() {
+        *v = exp_f32(*v - max);
         sum += f64::from(*v);
     }
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
+    }
+}
+
+/// `e^x` from plain multiplies and adds (Cephes' single-precision reduction and polynomial, about
+/// 2e-7 relative error), so that loops over it vectorise and give the same bits on every CPU.
+/// Below -87 it gives 0 (instead of a subnormal), above 88 `e^88`.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    const MIN: f32 = -87.0;
+    // adding 1.5 · 2^23 rounds to an integer (ties to even), kept in the low mantissa bits
+    const ROUND: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let below = x < MIN;
+    let x = x.clamp(MIN, 88.0);
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let e = p * (r * r) + r + 1.0;
+    let exponent = t.to_bits() as i32 - ROUND.to_bits() as i32 + 127;
+    let y = e * f32::from_bits((exponent << 23) as u32);
+    if below {
+        0.0
+    } else {
+        y
     }
 }
 
@@ -212,6 +257,18 @@ mod tests {
         let b: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.125).collect();
         let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot_f32(&a, &b) - plain).abs() < 1e-3);
+    }
+
+    #[test]
+    fn exp_f32_is_within_a_few_ulp_of_exp() {
+        for i in -8700..8790 {
+            let x = i as f32 / 100.0 + 0.003;
+            let (got, want) = (exp_f32(x), f64::from(x).exp());
+            let rel = ((f64::from(got) - want) / want).abs();
+            assert!(rel < 4e-7, "exp({x}) = {got}, expected {want}");
+        }
+        assert_eq!(exp_f32(-100.0), 0.0);
+        assert_eq!(exp_f32(0.0), 1.0);
     }
 
     #[test]

@@ -2,20 +2,23 @@
 //!
 //! Precision follows ggml's attention over an f16 cache: the query is rounded to f16 before its
 //! dot products with the keys, and the softmax weights are rounded to f16 before they weigh the
-//! values (ggml converts both operands of an f16 matrix product to f16); sums are in f32.
+//! values (ggml converts both operands of an f16 matrix product to f16); sums are in f32, in an
+//! order fixed by [`Pair::run`] that every kernel keeps, so that the bits do not depend on the CPU.
 //!
 //! Work is split over (token, KV head) pairs: the query heads that share a KV head are handled
 //! together, so each cached key and value is converted from f16 once per group, not per head.
+//! Keys are cached dimension-major in blocks of positions ([`KEY_BLOCK`]), so that the scores of
+//! a block's keys are vectors of independent sums.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KEY_BLOCK};
 #[cfg(target_arch = "x86_64")]
 #[path = "attention_avx2.rs"]
 mod avx2;
-use crate::cpu::ops::{dot_f32, softmax};
+use crate::cpu::ops::softmax;
 
 /// The attention problem of one layer for a batch of query tokens.
 pub struct AttentionShape {
@@ -43,6 +46,7 @@ const MIN_TASK_MACS: usize = 1 << 14;
 struct Scratch {
     q16: Vec<f32>,
     scores: Vec<f32>,
+    w16: Vec<f16>,
     row: Vec<f32>,
 }
 
@@ -110,7 +114,7 @@ impl Pair<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, s: &mut Scratch, out: &mut [f32]) {
-        if avx2::fits(self.shape.head_dim, self.shape.head_dim_v) {
+        if avx2::fits(self.shape.head_dim_v) {
             // SAFETY: the caller guarantees AVX2 and F16C (this function's contract).
             return unsafe { avx2::run(self, s, out) };
         }
@@ -139,8 +143,31 @@ impl Pair<'_> {
         );
     }
 
-    /// Writes the group's `out = softmax(scale · q·K) · V`; `widen` converts a cached f16 row to
-    /// f32.
+    /// The key blocks that hold [`Pair::keys`] (see [`KEY_BLOCK`]), in whole pairs from an even
+    /// block (a kernel may take two blocks at a time; the cache holds every such pair), and where
+    /// the first key sits in the first block's scores.
+    fn key_blocks(&self) -> (std::ops::Range<usize>, usize) {
+        let keys = self.keys();
+        let first = keys.start() / (2 * KEY_BLOCK) * 2;
+        let end = (keys.end() / KEY_BLOCK + 1).next_multiple_of(2);
+        (first..end, keys.start() - first * KEY_BLOCK)
+    }
+
+    /// Softmax of each head's scores over the keys it sees (`n_keys` from `skip` in each row of
+    /// `span` scores), the weights rounded to f16 (through `s.w16`, a whole row at a time).
+    fn softmax_rows(s: &mut Scratch, span: usize, skip: usize, n_keys: usize) {
+        s.w16.resize(n_keys, f16::ZERO);
+        for row in s.scores.chunks_exact_mut(span) {
+            let w = &mut row[skip..skip + n_keys];
+            softmax(w);
+            s.w16.convert_from_f32_slice(w);
+            s.w16.convert_to_f32_slice(w);
+        }
+    }
+
+    /// Writes the group's `out = softmax(scale · q·K) · V`; `widen` converts cached f16 values to
+    /// f32. A score is `(Σ_i q_i · k_i) · scale`, the products added in order of `i` (each rounded,
+    /// then added); an output value `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order.
     #[inline(always)]
     fn run(&self, s: &mut Scratch, out: &mut [f32], widen: impl Fn(&[f16], &mut [f32])) {
         let shape = self.shape;
@@ -148,26 +175,33 @@ impl Pair<'_> {
         let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
         let keys = self.keys();
         let n_keys = keys.end() + 1 - keys.start();
+        let (blocks, skip) = self.key_blocks();
+        let span = blocks.len() * KEY_BLOCK;
         self.round_query(s);
-        s.scores.resize(group * n_keys, 0.0);
-        s.row.resize(hd.max(hd_v), 0.0);
-        for (jj, j) in keys.clone().enumerate() {
-            let k = &mut s.row[..hd];
-            widen(self.cache.key(self.il, j, self.kv_head, hd), k);
+        s.scores.resize(group * span, 0.0);
+        s.row.resize((hd * KEY_BLOCK).max(hd_v), 0.0);
+        for (bb, b) in blocks.enumerate() {
+            let k = &mut s.row[..hd * KEY_BLOCK];
+            widen(self.cache.key_block(self.il, b, self.kv_head, hd), k);
             for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
-                s.scores[g * n_keys + jj] = dot_f32(qh, k) * shape.scale;
+                let mut acc = [0f32; KEY_BLOCK];
+                for (&qi, ki) in qh.iter().zip(k.chunks_exact(KEY_BLOCK)) {
+                    acc.iter_mut().zip(ki).for_each(|(a, &x)| *a += qi * x);
+                }
+                let scores = &mut s.scores[g * span + bb * KEY_BLOCK..][..KEY_BLOCK];
+                scores
+                    .iter_mut()
+                    .zip(acc)
+                    .for_each(|(s, a)| *s = a * shape.scale);
             }
         }
-        for w in s.scores.chunks_exact_mut(n_keys) {
-            softmax(w);
-            w.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
-        }
+        Self::softmax_rows(s, span, skip, n_keys);
         out.fill(0.0);
         for (jj, j) in keys.enumerate() {
             let v = &mut s.row[..hd_v];
             widen(self.cache.value(self.il, j, self.kv_head, hd_v), v);
             for (g, o) in out.chunks_exact_mut(hd_v).enumerate() {
-                let w = s.scores[g * n_keys + jj];
+                let w = s.scores[g * span + skip + jj];
                 o.iter_mut().zip(v.iter()).for_each(|(o, &x)| *o += w * x);
             }
         }

@@ -1,24 +1,25 @@
 //! [`Pair::run`] for AVX2: the cached keys and values are converted from f16 in registers as they
-//! are used, and up to [`HEADS`] query heads of the group share each conversion. Every value goes
+//! are used, and up to [`ROWS`] query heads of the group share each conversion. Every value goes
 //! through the same operations in the same order as in the portable form, so the bits are the
 //! same:
-//! - a score is `dot_f32(q, k) · scale`: 16 lanes, lane `i` summing `q[16c + i] · k[16c + i]`
-//!   (product rounded, then added) over the chunks `c`, then the lanes added in order 0..16 (here
-//!   for four heads at once, one head per lane of a 4-lane vector, after a transpose);
-//! - an output value is `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order.
+//! - the scores of two key blocks (16 keys, one per lane) are `Σ_i q_i · k_i` over the dimensions
+//!   in order (product rounded, then added), then `· scale`;
+//! - an output value is `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order, 16 dimensions of
+//!   each head at a time.
 
 use std::arch::x86_64::*;
 
-use super::{Pair, Scratch};
-use crate::cpu::ops::softmax;
+use half::f16;
 
-/// Query heads that share one pass over the keys (and the values).
-const HEADS: usize = 4;
+use super::{Pair, Scratch, KEY_BLOCK};
 
-/// Whether [`run`] takes heads of these sizes: keys a multiple of 16 values (whole 16-lane
-/// chunks, without the portable dot product's tail), values a multiple of 8.
-pub(super) fn fits(head_dim: usize, head_dim_v: usize) -> bool {
-    head_dim.is_multiple_of(16) && head_dim_v.is_multiple_of(8)
+/// Query heads that share one pass over the keys (and the values): two accumulators each, with
+/// two operands and a broadcast, fill the 16 vector registers.
+const ROWS: usize = 6;
+
+/// Whether [`run`] takes heads of these sizes: values a multiple of 16 (two vectors).
+pub(super) fn fits(head_dim_v: usize) -> bool {
+    head_dim_v.is_multiple_of(16)
 }
 
 /// [`Pair::run`] for heads that [`fits`] takes.
@@ -30,98 +31,145 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     let shape = pair.shape;
     let group = shape.n_head / shape.n_head_kv;
     let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
-    debug_assert!(fits(hd, hd_v));
+    debug_assert!(fits(hd_v));
     let keys = pair.keys();
     let n_keys = keys.end() + 1 - keys.start();
+    let (blocks, skip) = pair.key_blocks();
+    let n_blocks = blocks.len();
+    let span = n_blocks * KEY_BLOCK;
     pair.round_query(s);
-    s.scores.resize(group * n_keys, 0.0);
-    // the portable dot product adds its (here empty) scalar tail's sum to the lanes' sum
-    let tail = _mm_set1_ps(std::iter::empty::<f32>().sum());
-    let scale = _mm_set1_ps(shape.scale);
-    for g0 in (0..group).step_by(HEADS) {
-        let ng = (group - g0).min(HEADS);
-        // heads past the group's end repeat its last one; their results are dropped
-        let q: [*const f32; HEADS] =
-            std::array::from_fn(|h| s.q16.as_ptr().add((g0 + h.min(ng - 1)) * hd));
-        for (jj, j) in keys.clone().enumerate() {
-            let k = pair.cache.key(pair.il, j, pair.kv_head, hd).as_ptr() as *const __m128i;
-            let mut acc = [[_mm256_setzero_ps(); 2]; HEADS];
-            for c in 0..hd / 16 {
-                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(2 * c)));
-                let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(2 * c + 1)));
-                for (acc, &q) in acc.iter_mut().zip(&q) {
-                    let q = q.add(16 * c);
-                    acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(_mm256_loadu_ps(q), k0));
-                    acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(_mm256_loadu_ps(q.add(8)), k1));
-                }
-            }
-            let dots = _mm_add_ps(lane_sums(&acc), tail);
-            let mut v = [0f32; HEADS];
-            _mm_storeu_ps(v.as_mut_ptr(), _mm_mul_ps(dots, scale));
-            for (h, &v) in v.iter().enumerate().take(ng) {
-                s.scores[(g0 + h) * n_keys + jj] = v;
+    s.scores.resize(group * span, 0.0);
+    let scores = s.scores.as_mut_ptr();
+    let chunks = group.div_ceil(ROWS);
+    let per = group.div_ceil(chunks);
+    for g0 in (0..group).step_by(per) {
+        let rows = (group - g0).min(per);
+        for bb in (0..n_blocks).step_by(2) {
+            let b = blocks.start + bb;
+            let k0 = pair.cache.key_block(pair.il, b, pair.kv_head, hd).as_ptr();
+            let k1 = pair
+                .cache
+                .key_block(pair.il, b + 1, pair.kv_head, hd)
+                .as_ptr();
+            let q = |r: usize| s.q16.as_ptr().add((g0 + r) * hd);
+            let o = |r: usize| scores.add((g0 + r) * span + bb * KEY_BLOCK);
+            let score = Score {
+                k: [k0, k1],
+                hd,
+                scale: shape.scale,
+            };
+            match rows {
+                1 => score.rows::<1>(q, o),
+                2 => score.rows::<2>(q, o),
+                3 => score.rows::<3>(q, o),
+                4 => score.rows::<4>(q, o),
+                5 => score.rows::<5>(q, o),
+                _ => score.rows::<6>(q, o),
             }
         }
     }
-    for w in s.scores.chunks_exact_mut(n_keys) {
-        softmax(w);
-        w.iter_mut()
-            .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
-    }
-    for g0 in (0..group).step_by(HEADS) {
-        let ng = (group - g0).min(HEADS);
-        let w: [&[f32]; HEADS] =
-            std::array::from_fn(|h| &s.scores[(g0 + h.min(ng - 1)) * n_keys..][..n_keys]);
-        for d in (0..hd_v).step_by(8) {
-            let mut acc = [_mm256_setzero_ps(); HEADS];
-            for (jj, j) in keys.clone().enumerate() {
-                let v = pair
-                    .cache
-                    .value(pair.il, j, pair.kv_head, hd_v)
-                    .as_ptr()
-                    .add(d);
-                let v = _mm256_cvtph_ps(_mm_loadu_si128(v as *const __m128i));
-                for (acc, w) in acc.iter_mut().zip(&w) {
-                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_set1_ps(w[jj]), v));
-                }
-            }
-            for (h, acc) in acc.iter().enumerate().take(ng) {
-                _mm256_storeu_ps(out.as_mut_ptr().add((g0 + h) * hd_v + d), *acc);
+    Pair::softmax_rows(s, span, skip, n_keys);
+    let (values, width) = pair.cache.values(pair.il);
+    let first = (keys.start() * width + pair.kv_head * hd_v) as isize;
+    assert!(first as usize + (n_keys - 1) * width + hd_v <= values.len());
+    assert_eq!(out.len(), group * hd_v);
+    let (weights, out) = (s.scores.as_ptr(), out.as_mut_ptr());
+    for g0 in (0..group).step_by(per) {
+        let rows = (group - g0).min(per);
+        for d in (0..hd_v).step_by(16) {
+            let weigh = Weigh {
+                v: values.as_ptr().offset(first).add(d),
+                width,
+                n_keys,
+            };
+            let w = |r: usize| weights.add((g0 + r) * span + skip);
+            let o = |r: usize| out.add((g0 + r) * hd_v + d);
+            match rows {
+                1 => weigh.rows::<1>(w, o),
+                2 => weigh.rows::<2>(w, o),
+                3 => weigh.rows::<3>(w, o),
+                4 => weigh.rows::<4>(w, o),
+                5 => weigh.rows::<5>(w, o),
+                _ => weigh.rows::<6>(w, o),
             }
         }
     }
 }
 
-/// For each head `h` (the rows of `acc`: lanes 0..8, then 8..16), its 16 lanes added in order,
-/// as lane `h` of the result.
-#[inline(always)]
-unsafe fn lane_sums(acc: &[[__m256; 2]; HEADS]) -> __m128 {
-    let mut sum = None;
-    for half in [0, 1] {
-        // a 4 × 4 transpose in each 128-bit lane: t[i] holds lane i of every head (low half) and
-        // lane i + 4 (high half)
-        let r = acc.map(|a| a[half]);
-        let (a, b) = (
-            _mm256_unpacklo_ps(r[0], r[1]),
-            _mm256_unpackhi_ps(r[0], r[1]),
-        );
-        let (c, d) = (
-            _mm256_unpacklo_ps(r[2], r[3]),
-            _mm256_unpackhi_ps(r[2], r[3]),
-        );
-        let t = [
-            _mm256_shuffle_ps::<0b01_00_01_00>(a, c),
-            _mm256_shuffle_ps::<0b11_10_11_10>(a, c),
-            _mm256_shuffle_ps::<0b01_00_01_00>(b, d),
-            _mm256_shuffle_ps::<0b11_10_11_10>(b, d),
-        ];
-        let low = t.map(|v| _mm256_castps256_ps128(v));
-        let high = t.map(|v| _mm256_extractf128_ps::<1>(v));
-        for lane in low.into_iter().chain(high) {
-            sum = Some(sum.map_or(lane, |s| _mm_add_ps(s, lane)));
+/// The scores of two key blocks.
+struct Score {
+    /// The blocks' f16 keys (dimension-major, [`KEY_BLOCK`] keys a dimension).
+    k: [*const f16; 2],
+    hd: usize,
+    scale: f32,
+}
+
+impl Score {
+    /// For `R` heads, the 16 scores `(Σ_i q_i · k_i) · scale` to `out(r)`; `q(r)` is head `r`'s
+    /// f16-rounded query.
+    #[inline(always)]
+    unsafe fn rows<const R: usize>(
+        &self,
+        q: impl Fn(usize) -> *const f32,
+        out: impl Fn(usize) -> *mut f32,
+    ) {
+        let q: [*const f32; R] = std::array::from_fn(q);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for i in 0..self.hd {
+            let k = self
+                .k
+                .map(|k| _mm256_cvtph_ps(_mm_loadu_si128(k.add(KEY_BLOCK * i) as *const __m128i)));
+            for (acc, q) in acc.iter_mut().zip(&q) {
+                let qi = _mm256_broadcast_ss(&*q.add(i));
+                acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(qi, k[0]));
+                acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(qi, k[1]));
+            }
+        }
+        let scale = _mm256_set1_ps(self.scale);
+        for (r, acc) in acc.iter().enumerate() {
+            let o = out(r);
+            _mm256_storeu_ps(o, _mm256_mul_ps(acc[0], scale));
+            _mm256_storeu_ps(o.add(KEY_BLOCK), _mm256_mul_ps(acc[1], scale));
         }
     }
-    sum.expect("16 lanes")
+}
+
+/// 16 dimensions of the values of consecutive keys, weighed.
+struct Weigh {
+    /// The first key's values (f16), a key every `width` values.
+    v: *const f16,
+    width: usize,
+    n_keys: usize,
+}
+
+impl Weigh {
+    /// For `R` heads, `Σ_j w_j · v_j` over the keys in order to `out(r)` (16 values); `w(r)` is
+    /// head `r`'s weights of the keys.
+    #[inline(always)]
+    unsafe fn rows<const R: usize>(
+        &self,
+        w: impl Fn(usize) -> *const f32,
+        out: impl Fn(usize) -> *mut f32,
+    ) {
+        let w: [*const f32; R] = std::array::from_fn(w);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for j in 0..self.n_keys {
+            let v = self.v.add(j * self.width) as *const __m128i;
+            let v = [
+                _mm256_cvtph_ps(_mm_loadu_si128(v)),
+                _mm256_cvtph_ps(_mm_loadu_si128(v.add(1))),
+            ];
+            for (acc, w) in acc.iter_mut().zip(&w) {
+                let wj = _mm256_broadcast_ss(&*w.add(j));
+                acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(wj, v[0]));
+                acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(wj, v[1]));
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out(r), acc[0]);
+            _mm256_storeu_ps(out(r).add(8), acc[1]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -158,7 +206,7 @@ mod tests {
             (6, 2, 48, 32, Some(5)),
         ];
         for (case, &(n_head, n_head_kv, hd, hd_v, window)) in shapes.iter().enumerate() {
-            assert!(super::fits(hd, hd_v));
+            assert!(super::fits(hd_v));
             let (pos0, n) = (37, 3);
             let mut cache = KvCache::with_widths(1, pos0 + n, n_head_kv * hd, n_head_kv * hd_v);
             let keys = values((pos0 + n) * n_head_kv * hd, 1 + case as u64);
