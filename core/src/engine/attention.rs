@@ -62,25 +62,30 @@ pub fn attend(
 ) {
     let group = shape.n_head / shape.n_head_kv;
     let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
-    // (token, KV head) pairs per task: each task at least MIN_TASK_MACS multiply-adds, so that a
-    // decode step over a short context runs on the calling thread instead of waking the others
     let n = out.len() / (shape.n_head * hd_v).max(1);
+    let heads = heads_per_task(group, n * shape.n_head_kv, rayon::current_num_threads());
+    let tasks_per_pair = group / heads;
+    // tasks per rayon job: each job at least MIN_TASK_MACS multiply-adds, so that a decode step
+    // over a short context runs on the calling thread instead of waking the others
     let keys = shape.window.map_or(pos0 + n, |w| w.min(pos0 + n)).max(1);
-    let pair_macs = keys * group * (hd + hd_v);
-    let min_len = MIN_TASK_MACS.div_ceil(pair_macs.max(1));
+    let task_macs = keys * heads * (hd + hd_v);
+    let min_len = MIN_TASK_MACS.div_ceil(task_macs.max(1));
     let avx2 = crate::cpu::has_avx2();
-    out.par_chunks_mut(group * hd_v)
+    out.par_chunks_mut(heads * hd_v)
         .with_min_len(min_len)
         .enumerate()
         .for_each_init(Scratch::default, |s, (i, out)| {
+            let pair = i / tasks_per_pair;
             let pair = Pair {
                 cache,
                 il,
                 shape,
                 q,
                 pos0,
-                t: i / shape.n_head_kv,
-                kv_head: i % shape.n_head_kv,
+                t: pair / shape.n_head_kv,
+                kv_head: pair % shape.n_head_kv,
+                head0: i % tasks_per_pair * heads,
+                heads,
             };
             #[cfg(target_arch = "x86_64")]
             if avx2 {
@@ -93,7 +98,20 @@ pub fn attend(
         });
 }
 
-/// One query token's heads of one KV-head group: the unit of work of [`attend`].
+/// Query heads of a KV group that one task takes: the whole group, unless there are fewer
+/// (token, KV head) pairs than threads (decoding a model with one or two KV heads); then the
+/// largest divisor of the group that gives every thread a task (each task converts the keys
+/// and values it reads on its own).
+fn heads_per_task(group: usize, pairs: usize, threads: usize) -> usize {
+    let want = threads.div_ceil(pairs.max(1));
+    (1..=group)
+        .rev()
+        .find(|&h| group.is_multiple_of(h) && group / h >= want)
+        .unwrap_or(1)
+}
+
+/// One query token's heads of one KV-head group (all of them or a run of them): the unit of work
+/// of [`attend`].
 struct Pair<'a> {
     cache: &'a KvCache,
     il: usize,
@@ -103,6 +121,10 @@ struct Pair<'a> {
     /// The query token (row of `q`).
     t: usize,
     kv_head: usize,
+    /// The first of the pair's query heads, counted in the group.
+    head0: usize,
+    /// Query heads of the pair.
+    heads: usize,
 }
 
 impl Pair<'_> {
@@ -129,15 +151,16 @@ impl Pair<'_> {
         first..=p
     }
 
-    /// The group's query heads rounded to f16 (as ggml rounds the query of an f16 product) into
+    /// The pair's query heads rounded to f16 (as ggml rounds the query of an f16 product) into
     /// `s.q16`.
     fn round_query(&self, s: &mut Scratch) {
         let shape = self.shape;
         let group = shape.n_head / shape.n_head_kv;
-        let q_start = (self.t * shape.n_head + self.kv_head * group) * shape.head_dim;
+        let head = self.kv_head * group + self.head0;
+        let q_start = (self.t * shape.n_head + head) * shape.head_dim;
         s.q16.clear();
         s.q16.extend(
-            self.q[q_start..q_start + group * shape.head_dim]
+            self.q[q_start..q_start + self.heads * shape.head_dim]
                 .iter()
                 .map(|&x| f16::from_f32(x).to_f32()),
         );
@@ -165,20 +188,20 @@ impl Pair<'_> {
         }
     }
 
-    /// Writes the group's `out = softmax(scale · q·K) · V`; `widen` converts cached f16 values to
+    /// Writes the pair's heads' `out = softmax(scale · q·K) · V`; `widen` converts cached f16 values to
     /// f32. A score is `(Σ_i q_i · k_i) · scale`, the products added in order of `i` (each rounded,
     /// then added); an output value `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order.
     #[inline(always)]
     fn run(&self, s: &mut Scratch, out: &mut [f32], widen: impl Fn(&[f16], &mut [f32])) {
         let shape = self.shape;
-        let group = shape.n_head / shape.n_head_kv;
+        let heads = self.heads;
         let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
         let keys = self.keys();
         let n_keys = keys.end() + 1 - keys.start();
         let (blocks, skip) = self.key_blocks();
         let span = blocks.len() * KEY_BLOCK;
         self.round_query(s);
-        s.scores.resize(group * span, 0.0);
+        s.scores.resize(heads * span, 0.0);
         s.row.resize((hd * KEY_BLOCK).max(hd_v), 0.0);
         for (bb, b) in blocks.enumerate() {
             let k = &mut s.row[..hd * KEY_BLOCK];

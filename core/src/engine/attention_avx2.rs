@@ -17,6 +17,10 @@ use super::{Pair, Scratch, KEY_BLOCK};
 /// two operands and a broadcast, fill the 16 vector registers.
 const ROWS: usize = 6;
 
+/// Bytes of f16 values (of one KV head) that the value pass weighs at a time, every query head and
+/// dimension of the group passing over them before the next run of keys: a part of L1.
+const VALUE_RUN_BYTES: usize = 16 << 10;
+
 /// Whether [`run`] takes heads of these sizes: values a multiple of 16 (two vectors).
 pub(super) fn fits(head_dim_v: usize) -> bool {
     head_dim_v.is_multiple_of(16)
@@ -29,7 +33,7 @@ pub(super) fn fits(head_dim_v: usize) -> bool {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     let shape = pair.shape;
-    let group = shape.n_head / shape.n_head_kv;
+    let heads = pair.heads;
     let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
     debug_assert!(fits(hd_v));
     let keys = pair.keys();
@@ -38,19 +42,19 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     let n_blocks = blocks.len();
     let span = n_blocks * KEY_BLOCK;
     pair.round_query(s);
-    s.scores.resize(group * span, 0.0);
+    s.scores.resize(heads * span, 0.0);
     let scores = s.scores.as_mut_ptr();
-    let chunks = group.div_ceil(ROWS);
-    let per = group.div_ceil(chunks);
-    for g0 in (0..group).step_by(per) {
-        let rows = (group - g0).min(per);
-        for bb in (0..n_blocks).step_by(2) {
-            let b = blocks.start + bb;
-            let k0 = pair.cache.key_block(pair.il, b, pair.kv_head, hd).as_ptr();
-            let k1 = pair
-                .cache
-                .key_block(pair.il, b + 1, pair.kv_head, hd)
-                .as_ptr();
+    let chunks = heads.div_ceil(ROWS);
+    let per = heads.div_ceil(chunks);
+    for bb in (0..n_blocks).step_by(2) {
+        let b = blocks.start + bb;
+        let k0 = pair.cache.key_block(pair.il, b, pair.kv_head, hd).as_ptr();
+        let k1 = pair
+            .cache
+            .key_block(pair.il, b + 1, pair.kv_head, hd)
+            .as_ptr();
+        for g0 in (0..heads).step_by(per) {
+            let rows = (heads - g0).min(per);
             let q = |r: usize| s.q16.as_ptr().add((g0 + r) * hd);
             let o = |r: usize| scores.add((g0 + r) * span + bb * KEY_BLOCK);
             let score = Score {
@@ -72,25 +76,30 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     let (values, width) = pair.cache.values(pair.il);
     let first = (keys.start() * width + pair.kv_head * hd_v) as isize;
     assert!(first as usize + (n_keys - 1) * width + hd_v <= values.len());
-    assert_eq!(out.len(), group * hd_v);
+    assert_eq!(out.len(), heads * hd_v);
+    out.fill(0.0);
     let (weights, out) = (s.scores.as_ptr(), out.as_mut_ptr());
-    for g0 in (0..group).step_by(per) {
-        let rows = (group - g0).min(per);
-        for d in (0..hd_v).step_by(16) {
-            let weigh = Weigh {
-                v: values.as_ptr().offset(first).add(d),
-                width,
-                n_keys,
-            };
-            let w = |r: usize| weights.add((g0 + r) * span + skip);
-            let o = |r: usize| out.add((g0 + r) * hd_v + d);
-            match rows {
-                1 => weigh.rows::<1>(w, o),
-                2 => weigh.rows::<2>(w, o),
-                3 => weigh.rows::<3>(w, o),
-                4 => weigh.rows::<4>(w, o),
-                5 => weigh.rows::<5>(w, o),
-                _ => weigh.rows::<6>(w, o),
+    // the keys in runs whose values stay in L1 while every head and dimension passes over them
+    let run_keys = (VALUE_RUN_BYTES / (2 * hd_v)).max(1);
+    for j0 in (0..n_keys).step_by(run_keys) {
+        for g0 in (0..heads).step_by(per) {
+            let rows = (heads - g0).min(per);
+            for d in (0..hd_v).step_by(16) {
+                let weigh = Weigh {
+                    v: values.as_ptr().offset(first).add(j0 * width + d),
+                    width,
+                    n_keys: (n_keys - j0).min(run_keys),
+                };
+                let w = |r: usize| weights.add((g0 + r) * span + skip + j0);
+                let o = |r: usize| out.add((g0 + r) * hd_v + d);
+                match rows {
+                    1 => weigh.rows::<1>(w, o),
+                    2 => weigh.rows::<2>(w, o),
+                    3 => weigh.rows::<3>(w, o),
+                    4 => weigh.rows::<4>(w, o),
+                    5 => weigh.rows::<5>(w, o),
+                    _ => weigh.rows::<6>(w, o),
+                }
             }
         }
     }
@@ -143,7 +152,7 @@ struct Weigh {
 }
 
 impl Weigh {
-    /// For `R` heads, `Σ_j w_j · v_j` over the keys in order to `out(r)` (16 values); `w(r)` is
+    /// For `R` heads, adds `w_j · v_j` over the keys in order to `out(r)` (16 values); `w(r)` is
     /// head `r`'s weights of the keys.
     #[inline(always)]
     unsafe fn rows<const R: usize>(
@@ -152,7 +161,8 @@ impl Weigh {
         out: impl Fn(usize) -> *mut f32,
     ) {
         let w: [*const f32; R] = std::array::from_fn(w);
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut acc: [[__m256; 2]; R] =
+            std::array::from_fn(|r| [0, 8].map(|at| _mm256_loadu_ps(out(r).add(at))));
         for j in 0..self.n_keys {
             let v = self.v.add(j * self.width) as *const __m128i;
             let v = [
@@ -224,7 +234,7 @@ mod tests {
             let group = n_head / n_head_kv;
             for t in 0..n {
                 for kv_head in 0..n_head_kv {
-                    let pair = Pair {
+                    let pair = |head0, heads| Pair {
                         cache: &cache,
                         il: 0,
                         shape: &shape,
@@ -232,22 +242,44 @@ mod tests {
                         pos0,
                         t,
                         kv_head,
+                        head0,
+                        heads,
                     };
                     let mut want = vec![0f32; group * hd_v];
-                    pair.run(&mut Scratch::default(), &mut want, |h, f| {
+                    pair(0, group).run(&mut Scratch::default(), &mut want, |h, f| {
                         h.convert_to_f32_slice(f)
                     });
-                    let mut got = vec![f32::NAN; group * hd_v];
-                    // SAFETY: the CPU has AVX2 (checked above; F16C comes with it here).
-                    unsafe { super::run(&pair, &mut Scratch::default(), &mut got) };
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want),
-                        "case {case} t {t} kv head {kv_head}"
-                    );
+                    // the whole group, then its heads one task each (as decoding with fewer
+                    // pairs than threads splits them)
+                    for heads in [group, 1] {
+                        let mut got = vec![f32::NAN; group * hd_v];
+                        for (i, got) in got.chunks_exact_mut(heads * hd_v).enumerate() {
+                            // SAFETY: the CPU has AVX2 (checked above; F16C comes with it here).
+                            unsafe {
+                                super::run(&pair(i * heads, heads), &mut Scratch::default(), got)
+                            };
+                        }
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "case {case} t {t} kv head {kv_head}, {heads} heads a task"
+                        );
+                    }
                 }
             }
         }
+    }
+
+    #[test]
+    fn heads_split_only_when_threads_would_idle() {
+        use super::super::heads_per_task;
+        // (group, pairs, threads) → heads a task
+        assert_eq!(heads_per_task(7, 128, 2), 7);
+        assert_eq!(heads_per_task(7, 2, 2), 7);
+        assert_eq!(heads_per_task(4, 1, 2), 2);
+        assert_eq!(heads_per_task(4, 1, 16), 1);
+        assert_eq!(heads_per_task(7, 1, 2), 1);
+        assert_eq!(heads_per_task(1, 1, 8), 1);
     }
 }
