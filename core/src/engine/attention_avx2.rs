@@ -62,14 +62,7 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
                 hd,
                 scale: shape.scale,
             };
-            match rows {
-                1 => score.rows::<1>(q, o),
-                2 => score.rows::<2>(q, o),
-                3 => score.rows::<3>(q, o),
-                4 => score.rows::<4>(q, o),
-                5 => score.rows::<5>(q, o),
-                _ => score.rows::<6>(q, o),
-            }
+            for_rows(&score, rows, q, o);
         }
     }
     Pair::softmax_rows(s, span, skip, n_keys);
@@ -92,15 +85,55 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
                 };
                 let w = |r: usize| weights.add((g0 + r) * span + skip + j0);
                 let o = |r: usize| out.add((g0 + r) * hd_v + d);
-                match rows {
-                    1 => weigh.rows::<1>(w, o),
-                    2 => weigh.rows::<2>(w, o),
-                    3 => weigh.rows::<3>(w, o),
-                    4 => weigh.rows::<4>(w, o),
-                    5 => weigh.rows::<5>(w, o),
-                    _ => weigh.rows::<6>(w, o),
-                }
+                for_rows(&weigh, rows, w, o);
             }
+        }
+    }
+}
+
+/// A kernel over `R` query heads at a time (`R` ≤ [`ROWS`]), run by [`for_rows`]: `a(r)` is head
+/// `r`'s f32 operand, `out(r)` where its 16 results go.
+trait RowKernel {
+    unsafe fn rows<const R: usize>(
+        &self,
+        a: impl Fn(usize) -> *const f32,
+        out: impl Fn(usize) -> *mut f32,
+    );
+}
+
+/// Runs `kernel` on `rows` heads (1 ..= [`ROWS`]).
+#[inline(always)]
+unsafe fn for_rows(
+    kernel: &impl RowKernel,
+    rows: usize,
+    a: impl Fn(usize) -> *const f32,
+    out: impl Fn(usize) -> *mut f32,
+) {
+    match rows {
+        1 => kernel.rows::<1>(a, out),
+        2 => kernel.rows::<2>(a, out),
+        3 => kernel.rows::<3>(a, out),
+        4 => kernel.rows::<4>(a, out),
+        5 => kernel.rows::<5>(a, out),
+        _ => kernel.rows::<6>(a, out),
+    }
+}
+
+/// `acc_r += a_r[s] · x_s` for each head `r` over the steps `s` in order (the product rounded,
+/// then added), `x(s)` pointing at the step's two vectors of 8 f16 values.
+#[inline(always)]
+unsafe fn accumulate<const R: usize>(
+    acc: &mut [[__m256; 2]; R],
+    a: &[*const f32; R],
+    steps: usize,
+    x: impl Fn(usize) -> [*const f16; 2],
+) {
+    for s in 0..steps {
+        let x = x(s).map(|p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)));
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let a = _mm256_broadcast_ss(&*a.add(s));
+            acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(a, x[0]));
+            acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(a, x[1]));
         }
     }
 }
@@ -113,7 +146,7 @@ struct Score {
     scale: f32,
 }
 
-impl Score {
+impl RowKernel for Score {
     /// For `R` heads, the 16 scores `(Σ_i q_i · k_i) · scale` to `out(r)`; `q(r)` is head `r`'s
     /// f16-rounded query.
     #[inline(always)]
@@ -122,18 +155,10 @@ impl Score {
         q: impl Fn(usize) -> *const f32,
         out: impl Fn(usize) -> *mut f32,
     ) {
-        let q: [*const f32; R] = std::array::from_fn(q);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for i in 0..self.hd {
-            let k = self
-                .k
-                .map(|k| _mm256_cvtph_ps(_mm_loadu_si128(k.add(KEY_BLOCK * i) as *const __m128i)));
-            for (acc, q) in acc.iter_mut().zip(&q) {
-                let qi = _mm256_broadcast_ss(&*q.add(i));
-                acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(qi, k[0]));
-                acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(qi, k[1]));
-            }
-        }
+        accumulate(&mut acc, &std::array::from_fn(q), self.hd, |i| {
+            self.k.map(|k| k.add(KEY_BLOCK * i))
+        });
         let scale = _mm256_set1_ps(self.scale);
         for (r, acc) in acc.iter().enumerate() {
             let o = out(r);
@@ -151,7 +176,7 @@ struct Weigh {
     n_keys: usize,
 }
 
-impl Weigh {
+impl RowKernel for Weigh {
     /// For `R` heads, adds `w_j · v_j` over the keys in order to `out(r)` (16 values); `w(r)` is
     /// head `r`'s weights of the keys.
     #[inline(always)]
@@ -160,21 +185,12 @@ impl Weigh {
         w: impl Fn(usize) -> *const f32,
         out: impl Fn(usize) -> *mut f32,
     ) {
-        let w: [*const f32; R] = std::array::from_fn(w);
         let mut acc: [[__m256; 2]; R] =
             std::array::from_fn(|r| [0, 8].map(|at| _mm256_loadu_ps(out(r).add(at))));
-        for j in 0..self.n_keys {
-            let v = self.v.add(j * self.width) as *const __m128i;
-            let v = [
-                _mm256_cvtph_ps(_mm_loadu_si128(v)),
-                _mm256_cvtph_ps(_mm_loadu_si128(v.add(1))),
-            ];
-            for (acc, w) in acc.iter_mut().zip(&w) {
-                let wj = _mm256_broadcast_ss(&*w.add(j));
-                acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(wj, v[0]));
-                acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(wj, v[1]));
-            }
-        }
+        accumulate(&mut acc, &std::array::from_fn(w), self.n_keys, |j| {
+            let v = self.v.add(j * self.width);
+            [v, v.add(8)]
+        });
         for (r, acc) in acc.iter().enumerate() {
             _mm256_storeu_ps(out(r), acc[0]);
             _mm256_storeu_ps(out(r).add(8), acc[1]);
