@@ -41,6 +41,10 @@ pub struct AttentionShape {
 /// work takes on one core.
 const MIN_TASK_MACS: usize = 1 << 14;
 
+/// Dimensions of a key summed on their own before the chunks' sums are added: the score's
+/// rounding error then grows with `SCORE_CHUNK + head_dim / SCORE_CHUNK` terms, not `head_dim`.
+const SCORE_CHUNK: usize = 16;
+
 /// Per-task buffers.
 #[derive(Default)]
 struct Scratch {
@@ -189,8 +193,9 @@ impl Pair<'_> {
     }
 
     /// Writes the pair's heads' `out = softmax(scale · q·K) · V`; `widen` converts cached f16 values to
-    /// f32. A score is `(Σ_i q_i · k_i) · scale`, the products added in order of `i` (each rounded,
-    /// then added); an output value `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order.
+    /// f32. A score is `(Σ_i q_i · k_i) · scale`, summed per chunk of [`SCORE_CHUNK`] dimensions
+    /// (the products added in order of `i`, each rounded, then added) and the chunks' sums added
+    /// in order; an output value `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order.
     #[inline(always)]
     fn run(&self, s: &mut Scratch, out: &mut [f32], widen: impl Fn(&[f16], &mut [f32])) {
         let shape = self.shape;
@@ -207,14 +212,25 @@ impl Pair<'_> {
             let k = &mut s.row[..hd * KEY_BLOCK];
             widen(self.cache.key_block(self.il, b, self.kv_head, hd), k);
             for (g, qh) in s.q16.chunks_exact(hd).enumerate() {
-                let mut acc = [0f32; KEY_BLOCK];
-                for (&qi, ki) in qh.iter().zip(k.chunks_exact(KEY_BLOCK)) {
-                    acc.iter_mut().zip(ki).for_each(|(a, &x)| *a += qi * x);
+                let mut total = [0f32; KEY_BLOCK];
+                let chunks = qh
+                    .chunks(SCORE_CHUNK)
+                    .zip(k.chunks(SCORE_CHUNK * KEY_BLOCK));
+                for (c, (qc, kc)) in chunks.enumerate() {
+                    let mut acc = [0f32; KEY_BLOCK];
+                    for (&qi, ki) in qc.iter().zip(kc.chunks_exact(KEY_BLOCK)) {
+                        acc.iter_mut().zip(ki).for_each(|(a, &x)| *a += qi * x);
+                    }
+                    if c == 0 {
+                        total = acc;
+                    } else {
+                        total.iter_mut().zip(acc).for_each(|(t, a)| *t += a);
+                    }
                 }
                 let scores = &mut s.scores[g * span + bb * KEY_BLOCK..][..KEY_BLOCK];
                 scores
                     .iter_mut()
-                    .zip(acc)
+                    .zip(total)
                     .for_each(|(s, a)| *s = a * shape.scale);
             }
         }

@@ -2,8 +2,9 @@
 //! are used, and up to [`ROWS`] query heads of the group share each conversion. Every value goes
 //! through the same operations in the same order as in the portable form, so the bits are the
 //! same:
-//! - the scores of two key blocks (16 keys, one per lane) are `Σ_i q_i · k_i` over the dimensions
-//!   in order (product rounded, then added), then `· scale`;
+//! - the scores of two key blocks (16 keys, one per lane) are sums over chunks of
+//!   [`SCORE_CHUNK`] dimensions, each chunk's `Σ_i q_i · k_i` in order (product rounded, then
+//!   added) and the chunks' sums added in order, then `· scale`;
 //! - an output value is `0 + w_0 · v_0 + w_1 · v_1 + …` over the keys in order, 16 dimensions of
 //!   each head at a time.
 
@@ -11,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{Pair, Scratch, KEY_BLOCK};
+use super::{Pair, Scratch, KEY_BLOCK, SCORE_CHUNK};
 
 /// Query heads that share one pass over the keys (and the values): two accumulators each, with
 /// two operands and a broadcast, fill the 16 vector registers.
@@ -155,15 +156,32 @@ impl RowKernel for Score {
         q: impl Fn(usize) -> *const f32,
         out: impl Fn(usize) -> *mut f32,
     ) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        accumulate(&mut acc, &std::array::from_fn(q), self.hd, |i| {
-            self.k.map(|k| k.add(KEY_BLOCK * i))
-        });
+        let q: [*const f32; R] = std::array::from_fn(q);
+        // each chunk's sums on their own, added to the running totals in `out`
+        for c in (0..self.hd).step_by(SCORE_CHUNK) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            let steps = (self.hd - c).min(SCORE_CHUNK);
+            accumulate(&mut acc, &q.map(|q| q.add(c)), steps, |i| {
+                self.k.map(|k| k.add(KEY_BLOCK * (c + i)))
+            });
+            for (r, acc) in acc.iter().enumerate() {
+                for (half, &a) in acc.iter().enumerate() {
+                    let o = out(r).add(KEY_BLOCK * half);
+                    let total = if c == 0 {
+                        a
+                    } else {
+                        _mm256_add_ps(_mm256_loadu_ps(o), a)
+                    };
+                    _mm256_storeu_ps(o, total);
+                }
+            }
+        }
         let scale = _mm256_set1_ps(self.scale);
-        for (r, acc) in acc.iter().enumerate() {
-            let o = out(r);
-            _mm256_storeu_ps(o, _mm256_mul_ps(acc[0], scale));
-            _mm256_storeu_ps(o.add(KEY_BLOCK), _mm256_mul_ps(acc[1], scale));
+        for r in 0..R {
+            for half in 0..2 {
+                let o = out(r).add(KEY_BLOCK * half);
+                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), scale));
+            }
         }
     }
 }
@@ -223,13 +241,14 @@ mod tests {
             return;
         }
         // (query heads, KV heads, key size, value size, window): Gemma 3 270M, the synthetic
-        // models, Qwen2.5 0.5B (7 heads a group), one head a group, a sliding window
+        // models, Qwen2.5 0.5B (7 heads a group), one head a group, a sliding window (with keys
+        // of two and a half score chunks)
         let shapes = [
             (4, 1, 256, 256, None),
             (16, 4, 64, 64, None),
             (14, 2, 64, 64, None),
             (8, 8, 128, 128, None),
-            (6, 2, 48, 32, Some(5)),
+            (6, 2, 40, 32, Some(5)),
         ];
         for (case, &(n_head, n_head_kv, hd, hd_v, window)) in shapes.iter().enumerate() {
             assert!(super::fits(hd_v));
