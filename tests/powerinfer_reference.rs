@@ -56,13 +56,23 @@ fn sparse_greedy_text_equals_powerinfer() {
         let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
         let tokenizer = Tokenizer::from_gguf(&file).unwrap();
         let plain = Model::from_file(file.clone()).unwrap();
-        // and as `hotcold run --ffn sparse` loads it on the CPU: Q8_0 predictors, neurons
-        // renumbered hottest first
-        let mut as_run = Model::from_file(file).unwrap();
-        as_run.quantize_predictors(GgmlType::Q8_0).unwrap();
-        let (freq, _) = frequencies(as_run.file()).unwrap();
-        as_run.order_neurons_by_frequency(&freq).unwrap();
-        for (model, load) in [(&plain, "file as is"), (&as_run, "as run loads it")] {
+        // and as `hotcold run --ffn sparse` loads it on the CPU: Q8_0 predictors (in a Q4_0
+        // file also Q4_0 ones, `--predictor-type q4_0`), neurons renumbered hottest first
+        let as_run = |predictor_type: GgmlType| {
+            let mut model = Model::from_file(file.clone()).unwrap();
+            model.quantize_predictors(predictor_type).unwrap();
+            let (freq, _) = frequencies(model.file()).unwrap();
+            model.order_neurons_by_frequency(&freq).unwrap();
+            model
+        };
+        let mut loads = vec![
+            (plain, "file as is"),
+            (as_run(GgmlType::Q8_0), "as run loads it"),
+        ];
+        if cfg.ty == GgmlType::Q4_0 {
+            loads.push((as_run(GgmlType::Q4_0), "with Q4_0 predictors"));
+        }
+        for (model, load) in &loads {
             check_against_powerinfer(model, &tokenizer, &r, &format!("{load}: "));
         }
     }

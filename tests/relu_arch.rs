@@ -344,12 +344,17 @@ fn opt_rejects_positions_past_its_table() {
     assert!(err.contains("learned positions"), "{err}");
 }
 
+/// The predictors' in-memory copies (the default Q8_0, and the Q4_0 of `--predictor-type q4_0`
+/// in a Q4_0 model) keep the sparse path's tokens those of the dense path and its logits within
+/// [`sparse_tolerance`] (Q4_0 Llama: 0.032 with Q8_0 predictors, 0.047 with Q4_0 ones).
 #[test]
-fn q8_0_predictor_copy_keeps_the_sparse_path_exact() {
-    for (arch, ty) in [
-        (SynthArch::Llama, GgmlType::F16),
-        (SynthArch::Falcon, GgmlType::F16),
-        (SynthArch::Opt, GgmlType::Q8_0),
+fn quantised_predictor_copy_keeps_the_sparse_path_exact() {
+    for (arch, ty, predictor_ty, bytes_per_32) in [
+        (SynthArch::Llama, GgmlType::F16, GgmlType::Q8_0, 34),
+        (SynthArch::Falcon, GgmlType::F16, GgmlType::Q8_0, 34),
+        (SynthArch::Opt, GgmlType::Q8_0, GgmlType::Q8_0, 34),
+        (SynthArch::Llama, GgmlType::Q4_0, GgmlType::Q8_0, 34),
+        (SynthArch::Llama, GgmlType::Q4_0, GgmlType::Q4_0, 18),
     ] {
         let (mut model, tok) = tiny(arch, ty);
         let prompt = tok.encode(PROMPT, true, false).unwrap();
@@ -362,19 +367,25 @@ fn q8_0_predictor_copy_keeps_the_sparse_path_exact() {
                 .sum()
         };
         let before = predictor_bytes(&model);
-        model.quantize_predictors(GgmlType::Q8_0).unwrap();
+        assert_eq!(model.default_predictor_type(), Some(GgmlType::Q8_0));
+        model.quantize_predictors(predictor_ty).unwrap();
         let after = predictor_bytes(&model);
         assert_eq!(
             after * 64,
-            before * 34,
-            "{arch:?}: Q8_0 is 34 bytes per 32 values"
+            before * bytes_per_32,
+            "{arch:?}: {predictor_ty} is {bytes_per_32} bytes per 32 values"
         );
         let p = model.layers[0].predictor.as_ref().unwrap();
-        assert_eq!((p.fc1.ty, p.fc2.ty), (GgmlType::Q8_0, GgmlType::Q8_0));
+        assert_eq!((p.fc1.ty, p.fc2.ty), (predictor_ty, predictor_ty));
+        assert_eq!(
+            model.default_predictor_type(),
+            None,
+            "quantised predictors stay"
+        );
         let (sparse_tokens, sparse) = greedy(&model, FfnMode::Sparse, &prompt, 16);
         let worst = max_diff(&dense, &sparse);
-        eprintln!("{arch:?} {ty}, Q8_0 predictors: sparse vs dense {worst:e}");
+        eprintln!("{arch:?} {ty}, {predictor_ty} predictors: sparse vs dense {worst:e}");
         assert_eq!(sparse_tokens, dense_tokens, "{arch:?} {ty}");
-        assert!(worst <= ORACLE_TOLERANCE, "{arch:?} {ty}: {worst}");
+        assert!(worst <= sparse_tolerance(ty), "{arch:?} {ty}: {worst}");
     }
 }

@@ -139,7 +139,8 @@ fn sparse_perplexity_is_within_two_percent_of_dense() {
 /// the hot rows and of fc2 where the CPU runs that layout fast).
 fn tiny_ordered(arch: SynthArch, ty: GgmlType) -> Model {
     let (mut model, _) = tiny(arch, ty);
-    model.quantize_predictors(GgmlType::Q8_0).unwrap();
+    let predictor_type = model.default_predictor_type().unwrap();
+    model.quantize_predictors(predictor_type).unwrap();
     let (freq, source) = frequencies(model.file()).unwrap();
     assert_eq!(source, FrequencySource::SynthTargets);
     let layers = model.order_neurons_by_frequency(&freq).unwrap();
@@ -156,7 +157,8 @@ fn hottest_first_order_keeps_the_sparse_results() {
     for arch in [SynthArch::Llama, SynthArch::Bamboo] {
         for ty in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0] {
             let (mut plain, tok) = tiny(arch, ty);
-            plain.quantize_predictors(GgmlType::Q8_0).unwrap();
+            let predictor_type = plain.default_predictor_type().unwrap();
+            plain.quantize_predictors(predictor_type).unwrap();
             let ordered = tiny_ordered(arch, ty);
             let hot_layers = ordered.layers.iter().filter(|l| l.hot.is_some()).count();
             if hotcold::cpu::Interleaved::is_fast_for(ty) {

@@ -65,6 +65,10 @@ pub struct PredictedFfn<'a> {
     pub hot: Option<(&'a Interleaved, &'a Interleaved)>,
     /// A neuron is chosen when its predicted logit is at least this.
     pub threshold: f32,
+    /// Whether a neuron whose gate product is not positive is zero whatever its up product
+    /// (ReLU, dReLU): the activation of such a chosen neuron is then `combine(gate, 0)`, and its
+    /// up row is not read (a false positive of the predictor costs one row, not two).
+    pub gate_decides: bool,
     /// The down projection's weight type: the activations are rounded as a product with it rounds
     /// its input ([`round_like_matmul_input`](super::round_like_matmul_input)).
     pub down_ty: GgmlType,
@@ -79,6 +83,9 @@ struct Scratch {
     chosen: Vec<u32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    up_rows: Vec<u32>,
+    up_at: Vec<u32>,
+    up_firing: Vec<f32>,
     hot_gate: Vec<f32>,
     hot_up: Vec<f32>,
     round: Acts,
@@ -189,6 +196,17 @@ pub fn predicted_activations(
     PARTIALS.with(|c| c.set(Some(partials)));
     INPUTS.with(|c| c.set(Some(inputs)));
     Ok(chosen.into_inner())
+}
+
+/// The up product a neuron combines with its gate product `g`: `u`, or 0 where the gate decides
+/// ([`PredictedFfn::gate_decides`]) and `g` is not positive (its up row was not read).
+fn gated_up(gate_decides: bool, g: f32, u: f32) -> f32 {
+    let fires = g > 0.0;
+    if gate_decides && !fires {
+        0.0
+    } else {
+        u
+    }
 }
 
 /// Band `band`'s partial sum of the down projection: `y = Σ a[i] · w_t[i]` over the non-zero
@@ -404,13 +422,29 @@ fn task_activations(
     }
     let first_cold = s.chosen.partition_point(|&i| (i as usize) < n_hot);
     let cold = &s.chosen[first_cold..];
-    for (y, w, acts) in [
-        (&mut s.gate, &f.gate, &inputs[1]),
-        (&mut s.up, &f.up, &inputs[2]),
-    ] {
-        y.clear();
-        y.resize(cold.len(), 0.0);
-        gather_rows_serial(level, w, cold, acts, 1, y);
+    s.gate.clear();
+    s.gate.resize(cold.len(), 0.0);
+    gather_rows_serial(level, &f.gate, cold, &inputs[1], 1, &mut s.gate);
+    s.up.clear();
+    s.up.resize(cold.len(), 0.0);
+    if f.gate_decides {
+        // the up rows of the neurons whose gate is positive only: the others are zero anyway
+        s.up_at.clear();
+        s.up_rows.clear();
+        for (k, (&i, &g)) in cold.iter().zip(&s.gate).enumerate() {
+            if g > 0.0 {
+                s.up_at.push(k as u32);
+                s.up_rows.push(i);
+            }
+        }
+        s.up_firing.clear();
+        s.up_firing.resize(s.up_rows.len(), 0.0);
+        gather_rows_serial(level, &f.up, &s.up_rows, &inputs[2], 1, &mut s.up_firing);
+        for (&k, &u) in s.up_at.iter().zip(&s.up_firing) {
+            s.up[k as usize] = u;
+        }
+    } else {
+        gather_rows_serial(level, &f.up, cold, &inputs[2], 1, &mut s.up);
     }
     let mut p = 0;
     for &i in &spans {
@@ -424,7 +458,7 @@ fn task_activations(
                 true => (s.hot_gate[n], s.hot_up[n]),
                 false => (s.gate[p - first_cold], s.up[p - first_cold]),
             };
-            a[n - r.start] = combine(g, u);
+            a[n - r.start] = combine(g, gated_up(f.gate_decides, g, u));
             p += 1;
         }
         if let Some(block) = block {
@@ -500,7 +534,7 @@ mod tests {
         }
         let mut a = vec![0f32; f.gate.rows];
         for (k, &i) in chosen.iter().enumerate() {
-            a[i as usize] = combine(g[k], u[k]);
+            a[i as usize] = combine(g[k], gated_up(f.gate_decides, g[k], u[k]));
         }
         round_like_matmul_input(f.down_ty, &mut a, 1, N_FF).unwrap();
         (a, chosen.len())
@@ -549,12 +583,23 @@ mod tests {
                 up: Matrix::new(wty, N_FF, EMBD, &up).unwrap(),
                 hot: None,
                 threshold: 0.0,
+                gate_decides: false,
                 down_ty: down_types[case],
             };
             f.threshold = threshold_for(&f, &x);
             let down = weights(f.down_ty, N_FF, EMBD, &mut rng);
             let down = Matrix::new(f.down_ty, N_FF, EMBD, &down).unwrap();
             check_fused(&f, &x, &h, &down);
+            // with the up rows of non-positive gates skipped (ReLU)
+            check_fused(
+                &PredictedFfn {
+                    gate_decides: true,
+                    ..f
+                },
+                &x,
+                &h,
+                &down,
+            );
             // with interleaved copies: of fc1 and fc2, and of the first 160 rows of gate and up
             // (a span of 64 partly hot)
             let interleave = |ty: GgmlType, rows: usize, cols: usize, w: &[u8]| {
@@ -572,6 +617,8 @@ mod tests {
                 f.fc1_interleaved = fc1_il.as_ref();
                 f.fc2_interleaved = fc2_il.as_ref();
                 f.hot = hot_gate.as_ref().zip(hot_up.as_ref());
+                check_fused(&f, &x, &h, &down);
+                f.gate_decides = true;
                 check_fused(&f, &x, &h, &down);
             }
         }
@@ -648,6 +695,7 @@ mod tests {
             up: Matrix::new(t, N_FF, EMBD, &gate).unwrap(),
             hot: None,
             threshold: 0.0,
+            gate_decides: true,
             down_ty: GgmlType::Q4_0,
         };
         let v = vec![0.5f32; EMBD];

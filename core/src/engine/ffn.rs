@@ -310,6 +310,7 @@ fn fused_sparse(
         gate: model.matrix(gate),
         up: model.matrix(&layer.up),
         threshold: model.hp.sparse_thresholds[il],
+        gate_decides: model.hp.ffn_act.gate_decides(),
         down_ty: down_t.ty,
     };
     let act = model.hp.ffn_act;

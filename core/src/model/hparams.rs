@@ -120,6 +120,12 @@ impl FfnActivation {
         }
     }
 
+    /// Whether a neuron whose gate product is not positive outputs zero whatever its up product
+    /// (ReLU, dReLU).
+    pub fn gate_decides(self) -> bool {
+        matches!(self, FfnActivation::Relu | FfnActivation::DRelu)
+    }
+
     /// The neuron's output from its gate and up projections.
     pub fn combine(self, gate: f32, up: f32) -> f32 {
         match self {

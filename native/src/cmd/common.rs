@@ -53,9 +53,11 @@ pub struct ModelArgs {
     /// `--device`, `--vram-budget`.
     #[command(flatten)]
     pub device: super::device::DeviceArgs,
-    /// Keep the predictors as stored (`file`) or re-encode them as Q8_0 in memory (`q8_0`: about
-    /// half the bytes of F16 ones per token; the file is untouched). `auto`: Q8_0 when the file
-    /// stores them as floats (F32, F16, BF16), else as stored.
+    /// Keep the predictors as stored (`file`) or re-encode them in memory as Q8_0 (`q8_0`: about
+    /// half the bytes of F16 ones per token) or Q4_0 (`q4_0`: a quarter, as PowerInfer's
+    /// `quantize` stores the predictors of a Q4_0 model; faster, at some recall); the file is
+    /// untouched. `auto`: Q8_0 when the file stores them as floats (F32, F16, BF16), else as
+    /// stored.
     #[arg(long = "predictor-type", value_enum, default_value = "auto")]
     pub predictor_type: PredictorTypeArg,
 }
@@ -70,6 +72,9 @@ pub enum PredictorTypeArg {
     /// Re-encoded as Q8_0 at load time.
     #[value(name = "q8_0")]
     Q8_0,
+    /// Re-encoded as Q4_0 at load time (PowerInfer's choice for Q4_0 models).
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 /// `--sparsity-mode` values.
@@ -294,19 +299,14 @@ impl ModelArgs {
             // The sparse axpy needs the down projection neuron-major.
             model.repack_down_t()?;
         }
-        let float_predictors = model
-            .layers
-            .iter()
-            .flat_map(|l| l.predictor.as_ref())
-            .flat_map(|p| [p.fc1.ty, p.fc2.ty])
-            .all(|ty| matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
-        let q8_0 = match self.predictor_type {
-            PredictorTypeArg::Auto => float_predictors,
-            PredictorTypeArg::File => false,
-            PredictorTypeArg::Q8_0 => true,
+        let predictor_type = match self.predictor_type {
+            PredictorTypeArg::Auto => model.default_predictor_type(),
+            PredictorTypeArg::File => None,
+            PredictorTypeArg::Q8_0 => Some(GgmlType::Q8_0),
+            PredictorTypeArg::Q4_0 => Some(GgmlType::Q4_0),
         };
-        if q8_0 {
-            model.quantize_predictors(GgmlType::Q8_0)?;
+        if let Some(ty) = predictor_type {
+            model.quantize_predictors(ty)?;
         }
         let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
         let threads = self
