@@ -131,6 +131,17 @@ struct Pair<'a> {
     heads: usize,
 }
 
+/// Where a pair's keys lie: the positions it sees, their number, the key blocks holding them
+/// ([`Pair::key_blocks`]: the first key at `skip` in the first block), and the scores per head
+/// (`span`, whole blocks).
+struct KeyLayout {
+    keys: std::ops::RangeInclusive<usize>,
+    n_keys: usize,
+    blocks: std::ops::Range<usize>,
+    skip: usize,
+    span: usize,
+}
+
 impl Pair<'_> {
     /// [`Pair::run`] compiled for AVX2 (the same operations in the same order, so the same bits:
     /// only the vectors are wider).
@@ -170,6 +181,25 @@ impl Pair<'_> {
         );
     }
 
+    /// The layout of the pair's keys ([`KeyLayout`]), with the query rounded into `s.q16` and
+    /// room for every head's scores in `s.scores`: what both the portable and the AVX2 run start
+    /// from.
+    fn prepare(&self, s: &mut Scratch) -> KeyLayout {
+        let keys = self.keys();
+        let n_keys = keys.end() + 1 - keys.start();
+        let (blocks, skip) = self.key_blocks();
+        let span = blocks.len() * KEY_BLOCK;
+        self.round_query(s);
+        s.scores.resize(self.heads * span, 0.0);
+        KeyLayout {
+            keys,
+            n_keys,
+            blocks,
+            skip,
+            span,
+        }
+    }
+
     /// The key blocks that hold [`Pair::keys`] (see [`KEY_BLOCK`]), in whole pairs from an even
     /// block (a kernel may take two blocks at a time; the cache holds every such pair), and where
     /// the first key sits in the first block's scores.
@@ -199,14 +229,14 @@ impl Pair<'_> {
     #[inline(always)]
     fn run(&self, s: &mut Scratch, out: &mut [f32], widen: impl Fn(&[f16], &mut [f32])) {
         let shape = self.shape;
-        let heads = self.heads;
         let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
-        let keys = self.keys();
-        let n_keys = keys.end() + 1 - keys.start();
-        let (blocks, skip) = self.key_blocks();
-        let span = blocks.len() * KEY_BLOCK;
-        self.round_query(s);
-        s.scores.resize(heads * span, 0.0);
+        let KeyLayout {
+            keys,
+            n_keys,
+            blocks,
+            skip,
+            span,
+        } = self.prepare(s);
         s.row.resize((hd * KEY_BLOCK).max(hd_v), 0.0);
         for (bb, b) in blocks.enumerate() {
             let k = &mut s.row[..hd * KEY_BLOCK];

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{Pair, Scratch, KEY_BLOCK, SCORE_CHUNK};
+use super::{KeyLayout, Pair, Scratch, KEY_BLOCK, SCORE_CHUNK};
 
 /// Query heads that share one pass over the keys (and the values): two accumulators each, with
 /// two operands and a broadcast, fill the 16 vector registers.
@@ -37,13 +37,14 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     let heads = pair.heads;
     let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
     debug_assert!(fits(hd_v));
-    let keys = pair.keys();
-    let n_keys = keys.end() + 1 - keys.start();
-    let (blocks, skip) = pair.key_blocks();
+    let KeyLayout {
+        keys,
+        n_keys,
+        blocks,
+        skip,
+        span,
+    } = pair.prepare(s);
     let n_blocks = blocks.len();
-    let span = n_blocks * KEY_BLOCK;
-    pair.round_query(s);
-    s.scores.resize(heads * span, 0.0);
     let scores = s.scores.as_mut_ptr();
     let chunks = heads.div_ceil(ROWS);
     let per = heads.div_ceil(chunks);
@@ -68,8 +69,8 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     }
     Pair::softmax_rows(s, span, skip, n_keys);
     let (values, width) = pair.cache.values(pair.il);
-    let first = (keys.start() * width + pair.kv_head * hd_v) as isize;
-    assert!(first as usize + (n_keys - 1) * width + hd_v <= values.len());
+    let first = keys.start() * width + pair.kv_head * hd_v;
+    assert!(first + (n_keys - 1) * width + hd_v <= values.len());
     assert_eq!(out.len(), heads * hd_v);
     out.fill(0.0);
     let (weights, out) = (s.scores.as_ptr(), out.as_mut_ptr());
@@ -80,7 +81,7 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
             let rows = (heads - g0).min(per);
             for d in (0..hd_v).step_by(16) {
                 let weigh = Weigh {
-                    v: values.as_ptr().offset(first).add(j0 * width + d),
+                    v: values.as_ptr().add(first + j0 * width + d),
                     width,
                     n_keys: (n_keys - j0).min(run_keys),
                 };
