@@ -19,7 +19,7 @@ use std::sync::Arc;
 use common::data_path;
 use hotcold::engine::{thread_pool, FfnMode, Logits, Session};
 use hotcold::gguf::GgufFile;
-use hotcold::model::Model;
+use hotcold::model::{Model, PredictorTypes};
 use hotcold::placement::stats::frequencies;
 use hotcold::quant::GgmlType;
 use hotcold::sample::argmax;
@@ -56,21 +56,21 @@ fn sparse_greedy_text_equals_powerinfer() {
         let file = Arc::new(GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap());
         let tokenizer = Tokenizer::from_gguf(&file).unwrap();
         let plain = Model::from_file(file.clone()).unwrap();
-        // and as `hotcold run --ffn sparse` loads it on the CPU: Q8_0 predictors (in a Q4_0
-        // file also Q4_0 ones, `--predictor-type q4_0`), neurons renumbered hottest first
-        let as_run = |predictor_type: GgmlType| {
+        // and as `hotcold run --ffn sparse` loads it on the CPU: quantised predictors (Q8_0, fc2
+        // Q4_0 in a Q4_0 file; there also both Q4_0, `--predictor-type q4_0`), neurons
+        // renumbered hottest first
+        let as_run = |types: Option<PredictorTypes>| {
             let mut model = Model::from_file(file.clone()).unwrap();
-            model.quantize_predictors(predictor_type).unwrap();
+            let types = types.unwrap_or_else(|| model.default_predictor_types().unwrap());
+            model.quantize_predictors(types).unwrap();
             let (freq, _) = frequencies(model.file()).unwrap();
             model.order_neurons_by_frequency(&freq).unwrap();
             model
         };
-        let mut loads = vec![
-            (plain, "file as is"),
-            (as_run(GgmlType::Q8_0), "as run loads it"),
-        ];
+        let mut loads = vec![(plain, "file as is"), (as_run(None), "as run loads it")];
         if cfg.ty == GgmlType::Q4_0 {
-            loads.push((as_run(GgmlType::Q4_0), "with Q4_0 predictors"));
+            let q4_0 = Some(PredictorTypes::both(GgmlType::Q4_0));
+            loads.push((as_run(q4_0), "with Q4_0 predictors"));
         }
         for (model, load) in &loads {
             check_against_powerinfer(model, &tokenizer, &r, &format!("{load}: "));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use hotcold::engine::{thread_pool, FfnMode, Logits, Session};
 use hotcold::gguf::GgufFile;
-use hotcold::model::Model;
+use hotcold::model::{Model, PredictorTypes};
 use hotcold::quant::GgmlType;
 use hotcold::synth::{self, SynthArch, SynthConfig};
 use hotcold::tokenizer::Tokenizer;
@@ -344,48 +344,50 @@ fn opt_rejects_positions_past_its_table() {
     assert!(err.contains("learned positions"), "{err}");
 }
 
-/// The predictors' in-memory copies (the default Q8_0, and the Q4_0 of `--predictor-type q4_0`
-/// in a Q4_0 model) keep the sparse path's tokens those of the dense path and its logits within
-/// [`sparse_tolerance`] (Q4_0 Llama: 0.032 with Q8_0 predictors, 0.047 with Q4_0 ones).
+/// The predictors' in-memory copies (the default: Q8_0, fc2 Q4_0 in a Q4_0 model; and both as
+/// Q4_0, `--predictor-type q4_0`) keep the sparse path's tokens those of the dense path and its
+/// logits within [`sparse_tolerance`] (Q4_0 Llama: 0.032 with Q8_0 predictors, 0.047 with Q4_0).
 #[test]
 fn quantised_predictor_copy_keeps_the_sparse_path_exact() {
-    for (arch, ty, predictor_ty, bytes_per_32) in [
-        (SynthArch::Llama, GgmlType::F16, GgmlType::Q8_0, 34),
-        (SynthArch::Falcon, GgmlType::F16, GgmlType::Q8_0, 34),
-        (SynthArch::Opt, GgmlType::Q8_0, GgmlType::Q8_0, 34),
-        (SynthArch::Llama, GgmlType::Q4_0, GgmlType::Q8_0, 34),
-        (SynthArch::Llama, GgmlType::Q4_0, GgmlType::Q4_0, 18),
+    let (q8, q4) = (GgmlType::Q8_0, GgmlType::Q4_0);
+    let default = |fc2| PredictorTypes { fc1: q8, fc2 };
+    for (arch, ty, types, is_default) in [
+        (SynthArch::Llama, GgmlType::F16, default(q8), true),
+        (SynthArch::Falcon, GgmlType::F16, default(q8), true),
+        (SynthArch::Opt, GgmlType::Q8_0, default(q8), true),
+        (SynthArch::Llama, q4, default(q4), true),
+        (SynthArch::Falcon, q4, default(q4), true),
+        (SynthArch::Llama, q4, PredictorTypes::both(q4), false),
     ] {
         let (mut model, tok) = tiny(arch, ty);
         let prompt = tok.encode(PROMPT, true, false).unwrap();
         let (dense_tokens, dense) = greedy(&model, FfnMode::Dense, &prompt, 16);
-        let predictor_bytes = |m: &Model| -> u64 {
+        let bytes = |m: &Model, fc2: bool| -> u64 {
             m.layers
                 .iter()
                 .flat_map(|l| l.predictor.as_ref())
-                .map(|p| p.fc1.n_bytes() + p.fc2.n_bytes())
+                .map(|p| if fc2 { &p.fc2 } else { &p.fc1 }.n_bytes())
                 .sum()
         };
-        let before = predictor_bytes(&model);
-        assert_eq!(model.default_predictor_type(), Some(GgmlType::Q8_0));
-        model.quantize_predictors(predictor_ty).unwrap();
-        let after = predictor_bytes(&model);
-        assert_eq!(
-            after * 64,
-            before * bytes_per_32,
-            "{arch:?}: {predictor_ty} is {bytes_per_32} bytes per 32 values"
-        );
+        let before = [bytes(&model, false), bytes(&model, true)];
+        assert_eq!(model.default_predictor_types() == Some(types), is_default);
+        model.quantize_predictors(types).unwrap();
+        // F16 is 64 bytes per 32 values
+        for (layer, (fc2, ty)) in [(false, types.fc1), (true, types.fc2)].iter().enumerate() {
+            let want = before[layer] / 64 * ty.block_bytes() as u64;
+            assert_eq!(bytes(&model, *fc2), want, "{arch:?}: {ty} bytes");
+        }
         let p = model.layers[0].predictor.as_ref().unwrap();
-        assert_eq!((p.fc1.ty, p.fc2.ty), (predictor_ty, predictor_ty));
+        assert_eq!((p.fc1.ty, p.fc2.ty), (types.fc1, types.fc2));
         assert_eq!(
-            model.default_predictor_type(),
+            model.default_predictor_types(),
             None,
             "quantised predictors stay"
         );
         let (sparse_tokens, sparse) = greedy(&model, FfnMode::Sparse, &prompt, 16);
         let worst = max_diff(&dense, &sparse);
-        eprintln!("{arch:?} {ty}, {predictor_ty} predictors: sparse vs dense {worst:e}");
-        assert_eq!(sparse_tokens, dense_tokens, "{arch:?} {ty}");
+        eprintln!("{arch:?} {ty}, {types:?}: sparse vs dense {worst:e}");
+        assert_eq!(sparse_tokens, dense_tokens, "{arch:?} {ty} {types:?}");
         assert!(worst <= sparse_tolerance(ty), "{arch:?} {ty}: {worst}");
     }
 }

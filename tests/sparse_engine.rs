@@ -134,13 +134,13 @@ fn sparse_perplexity_is_within_two_percent_of_dense() {
     }
 }
 
-/// A copy of `tiny(arch, ty)` as `hotcold run --ffn sparse` loads it on the CPU: Q8_0
-/// predictors, neurons renumbered hottest first from synth's targets (with interleaved copies of
+/// A copy of `tiny(arch, ty)` as `hotcold run --ffn sparse` loads it on the CPU: quantised
+/// predictors (Q8_0, fc2 Q4_0 in a Q4_0 model), neurons renumbered hottest first from synth's targets (with interleaved copies of
 /// the hot rows and of fc2 where the CPU runs that layout fast).
 fn tiny_ordered(arch: SynthArch, ty: GgmlType) -> Model {
     let (mut model, _) = tiny(arch, ty);
-    let predictor_type = model.default_predictor_type().unwrap();
-    model.quantize_predictors(predictor_type).unwrap();
+    let predictor_types = model.default_predictor_types().unwrap();
+    model.quantize_predictors(predictor_types).unwrap();
     let (freq, source) = frequencies(model.file()).unwrap();
     assert_eq!(source, FrequencySource::SynthTargets);
     let layers = model.order_neurons_by_frequency(&freq).unwrap();
@@ -157,8 +157,8 @@ fn hottest_first_order_keeps_the_sparse_results() {
     for arch in [SynthArch::Llama, SynthArch::Bamboo] {
         for ty in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0] {
             let (mut plain, tok) = tiny(arch, ty);
-            let predictor_type = plain.default_predictor_type().unwrap();
-            plain.quantize_predictors(predictor_type).unwrap();
+            let predictor_types = plain.default_predictor_types().unwrap();
+            plain.quantize_predictors(predictor_types).unwrap();
             let ordered = tiny_ordered(arch, ty);
             let hot_layers = ordered.layers.iter().filter(|l| l.hot.is_some()).count();
             if hotcold::cpu::Interleaved::is_fast_for(ty) {

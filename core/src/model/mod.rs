@@ -11,4 +11,4 @@ pub use hparams::{
     PREDICTOR_THRESHOLDS_KEY, TEAL_CRITERION_KEY, TEAL_THRESHOLDS_KEY,
 };
 pub(crate) use weights::transposed_as;
-pub use weights::{HotRows, LayerWeights, Model, Norm, Predictor, Weight};
+pub use weights::{HotRows, LayerWeights, Model, Norm, Predictor, PredictorTypes, Weight};

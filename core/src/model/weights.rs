@@ -161,6 +161,40 @@ pub struct Predictor {
     pub fc2: Weight,
 }
 
+/// The weight types of a predictor's two layers (in-memory copies, [`Model::quantize_predictors`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PredictorTypes {
+    /// `fc1`'s type.
+    pub fc1: GgmlType,
+    /// `fc2`'s type.
+    pub fc2: GgmlType,
+}
+
+impl PredictorTypes {
+    /// Both layers as `ty`.
+    pub fn both(ty: GgmlType) -> PredictorTypes {
+        PredictorTypes { fc1: ty, fc2: ty }
+    }
+
+    /// The default copies of float predictors: Q8_0, except `fc2` (4/5 of a predictor's bytes
+    /// at rank 128 and n_embd 1024) as Q4_0 in a model whose FFN weights are all Q4_0
+    /// (`q4_0_ffn`). PowerInfer's `quantize` stores both layers of a Q4_0 model's predictors as
+    /// Q4_0; on `synth`'s Q4_0 models (layer 0 on text) that costs recall: 0.987 on tiny (under
+    /// the 0.99 target) and 0.990–0.992 on `small`, against 0.998 with Q8_0, while Q4_0 `fc2`
+    /// alone keeps 0.991–0.993 on tiny and 0.994 on `small`, every architecture, and decodes the
+    /// `small` Q4_0 model about 5% faster than Q8_0 predictors (2 threads, AVX2; both layers as
+    /// Q4_0, `--predictor-type q4_0`: 9–13%).
+    pub fn default_for(q4_0_ffn: bool) -> PredictorTypes {
+        PredictorTypes {
+            fc1: GgmlType::Q8_0,
+            fc2: match q4_0_ffn {
+                true => GgmlType::Q4_0,
+                false => GgmlType::Q8_0,
+            },
+        }
+    }
+}
+
 /// A loaded model: the mapped file, its hyper-parameters and its weights by role.
 pub struct Model {
     file: Arc<GgufFile>,
@@ -289,32 +323,34 @@ impl Model {
         Ok(())
     }
 
-    /// The type the predictors are re-encoded as by default ([`Model::quantize_predictors`]), or
-    /// `None` to keep them as stored: Q8_0 for predictors stored as floats (F32, F16, BF16), which
-    /// keeps the predicted sets (recall 0.998 on `synth`'s tiny Q4_0 Llama, as with F16).
-    /// PowerInfer's `quantize` stores a Q4_0 model's predictors as Q4_0: that copy
-    /// (`--predictor-type q4_0`) reads a quarter of the F16 bytes and decodes the synthetic
-    /// `small` Q4_0 model 9–13% faster (2 threads, AVX2), but its rounding costs recall (0.987 on
-    /// tiny Q4_0, under the 0.99 target), so it is not the default.
-    pub fn default_predictor_type(&self) -> Option<GgmlType> {
+    /// The types the predictors are re-encoded as by default ([`Model::quantize_predictors`]), or
+    /// `None` to keep them as stored (quantised already): for predictors stored as floats (F32,
+    /// F16, BF16), [`PredictorTypes::default_for`] this model's FFN weights.
+    pub fn default_predictor_types(&self) -> Option<PredictorTypes> {
         let float = |ty: GgmlType| matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        self.layers
+        let stored_as_floats = self
+            .layers
             .iter()
             .flat_map(|l| l.predictor.as_ref())
-            .all(|p| float(p.fc1.ty) && float(p.fc2.ty))
-            .then_some(GgmlType::Q8_0)
+            .all(|p| float(p.fc1.ty) && float(p.fc2.ty));
+        let q4_0_ffn = self.layers.iter().all(|l| {
+            let down = l.down_t.as_ref().or(l.down.as_ref());
+            let mut ffn = l.gate.iter().chain([&l.up]).chain(down);
+            ffn.all(|w| w.ty == GgmlType::Q4_0)
+        });
+        stored_as_floats.then(|| PredictorTypes::default_for(q4_0_ffn))
     }
 
-    /// Re-encodes every layer's predictor (`fc1`, `fc2`) as `ty` in memory, leaving the file as
-    /// it is (PowerInfer-readable). The predictors are read in full for every token, so a Q8_0 copy
-    /// of F16 predictors reads 47% fewer of their bytes; a neuron's predicted logit moves by about
-    /// Q8_0's rounding, well inside the threshold margins `synth` and `calibrate` leave.
-    pub fn quantize_predictors(&mut self, ty: GgmlType) -> Result<()> {
+    /// Re-encodes every layer's predictor (`fc1`, `fc2`) as `types` in memory, leaving the file
+    /// as it is (PowerInfer-readable). The predictors are read in full for every token, so a Q8_0
+    /// copy of F16 predictors reads 47% fewer of their bytes; a neuron's predicted logit moves by
+    /// about Q8_0's rounding, well inside the threshold margins `synth` and `calibrate` leave.
+    pub fn quantize_predictors(&mut self, types: PredictorTypes) -> Result<()> {
         for layer in &mut self.layers {
             let Some(p) = &mut layer.predictor else {
                 continue;
             };
-            for w in [&mut p.fc1, &mut p.fc2] {
+            for (w, ty) in [(&mut p.fc1, types.fc1), (&mut p.fc2, types.fc2)] {
                 if w.ty == ty {
                     continue;
                 }

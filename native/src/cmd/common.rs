@@ -9,7 +9,7 @@ use hotcold_core::engine::{
     default_ffn_mode, thread_pool, FfnMode, FfnOffload, Session, Teal, TealOptions,
 };
 use hotcold_core::gpu::forward::GpuModel;
-use hotcold_core::model::Model;
+use hotcold_core::model::{Model, PredictorTypes};
 use hotcold_core::models::DefaultModel;
 use hotcold_core::quant::GgmlType;
 use hotcold_core::sample::SamplerConfig;
@@ -56,8 +56,8 @@ pub struct ModelArgs {
     /// Keep the predictors as stored (`file`) or re-encode them in memory as Q8_0 (`q8_0`: about
     /// half the bytes of F16 ones per token) or Q4_0 (`q4_0`: a quarter, as PowerInfer's
     /// `quantize` stores the predictors of a Q4_0 model; faster, at some recall); the file is
-    /// untouched. `auto`: Q8_0 when the file stores them as floats (F32, F16, BF16), else as
-    /// stored.
+    /// untouched. `auto`: for predictors stored as floats (F32, F16, BF16), Q8_0, with fc2 as
+    /// Q4_0 in a model whose FFN weights are Q4_0; else as stored.
     #[arg(long = "predictor-type", value_enum, default_value = "auto")]
     pub predictor_type: PredictorTypeArg,
 }
@@ -65,7 +65,7 @@ pub struct ModelArgs {
 /// `--predictor-type` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PredictorTypeArg {
-    /// Q8_0 for float predictors, else as stored.
+    /// Q8_0 for float predictors (fc2 Q4_0 in a Q4_0 model), else as stored.
     Auto,
     /// As stored in the file.
     File,
@@ -299,14 +299,14 @@ impl ModelArgs {
             // The sparse axpy needs the down projection neuron-major.
             model.repack_down_t()?;
         }
-        let predictor_type = match self.predictor_type {
-            PredictorTypeArg::Auto => model.default_predictor_type(),
+        let predictor_types = match self.predictor_type {
+            PredictorTypeArg::Auto => model.default_predictor_types(),
             PredictorTypeArg::File => None,
-            PredictorTypeArg::Q8_0 => Some(GgmlType::Q8_0),
-            PredictorTypeArg::Q4_0 => Some(GgmlType::Q4_0),
+            PredictorTypeArg::Q8_0 => Some(PredictorTypes::both(GgmlType::Q8_0)),
+            PredictorTypeArg::Q4_0 => Some(PredictorTypes::both(GgmlType::Q4_0)),
         };
-        if let Some(ty) = predictor_type {
-            model.quantize_predictors(ty)?;
+        if let Some(types) = predictor_types {
+            model.quantize_predictors(types)?;
         }
         let tokenizer = Tokenizer::from_gguf(model.file()).context("cannot build the tokenizer")?;
         let threads = self
