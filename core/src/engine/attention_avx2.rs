@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{KeyLayout, Pair, Scratch, KEY_BLOCK, SCORE_CHUNK};
+use super::{Pair, Scratch, KEY_BLOCK, SCORE_CHUNK};
 
 /// Query heads that share one pass over the keys (and the values): two accumulators each, with
 /// two operands and a broadcast, fill the 16 vector registers.
@@ -37,19 +37,14 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     let heads = pair.heads;
     let (hd, hd_v) = (shape.head_dim, shape.head_dim_v);
     debug_assert!(fits(hd_v));
-    let KeyLayout {
-        keys,
-        n_keys,
-        blocks,
-        skip,
-        span,
-    } = pair.prepare(s);
-    let n_blocks = blocks.len();
+    let layout = pair.prepare(s);
+    let (n_keys, skip, span) = (layout.n_keys, layout.skip, layout.span);
+    let (first_block, n_blocks) = (layout.blocks.start, layout.blocks.len());
     let scores = s.scores.as_mut_ptr();
     let chunks = heads.div_ceil(ROWS);
     let per = heads.div_ceil(chunks);
     for bb in (0..n_blocks).step_by(2) {
-        let b = blocks.start + bb;
+        let b = first_block + bb;
         let k0 = pair.cache.key_block(pair.il, b, pair.kv_head, hd).as_ptr();
         let k1 = pair
             .cache
@@ -69,7 +64,7 @@ pub(super) unsafe fn run(pair: &Pair, s: &mut Scratch, out: &mut [f32]) {
     }
     Pair::softmax_rows(s, span, skip, n_keys);
     let (values, width) = pair.cache.values(pair.il);
-    let first = keys.start() * width + pair.kv_head * hd_v;
+    let first = layout.keys.start() * width + pair.kv_head * hd_v;
     assert!(first + (n_keys - 1) * width + hd_v <= values.len());
     assert_eq!(out.len(), heads * hd_v);
     out.fill(0.0);
